@@ -1,0 +1,244 @@
+// Package redistest starts private redis-server processes for tests: one
+// server on a free loopback port, or a small Redis Cluster, each owned by the
+// test so that it can be stopped, killed or restarted.
+package redistest
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Server is a redis-server process owned by a test.
+type Server struct {
+	tb   testing.TB
+	dir  string
+	port int
+	args []string
+
+	mu  sync.Mutex
+	cmd *exec.Cmd
+}
+
+// Option adds redis-server command-line arguments, such as
+// []string{"--appendonly", "yes"}.
+type Option []string
+
+// Start launches redis-server on a free loopback port and stops it when the
+// test ends. It fails the test when redis-server is missing: the tests of
+// this project run against a real server.
+func Start(tb testing.TB, opts ...Option) *Server {
+	tb.Helper()
+	s := &Server{tb: tb, dir: tb.TempDir(), port: FreePort(tb)}
+	for _, o := range opts {
+		s.args = append(s.args, o...)
+	}
+	s.start()
+	tb.Cleanup(s.Stop)
+	return s
+}
+
+// Addr is the server's host:port.
+func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
+
+// Port is the server's TCP port.
+func (s *Server) Port() int { return s.port }
+
+// URL is a redis:// URL for the server.
+func (s *Server) URL() string { return "redis://" + s.Addr() }
+
+// Dir is the server's working directory (AOF and RDB files live here).
+func (s *Server) Dir() string { return s.dir }
+
+// Client returns a go-redis client for the server, closed at test end.
+func (s *Server) Client() *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr()})
+	s.tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func (s *Server) start() {
+	s.tb.Helper()
+	args := append([]string{
+		"--port", strconv.Itoa(s.port),
+		"--bind", "127.0.0.1",
+		"--dir", s.dir,
+		"--save", "",
+		"--appendonly", "no",
+		"--logfile", filepath.Join(s.dir, "redis.log"),
+	}, s.args...)
+	cmd := exec.Command("redis-server", args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		s.tb.Fatalf("redistest: start redis-server (install the Debian package redis-server): %v", err)
+	}
+	s.mu.Lock()
+	s.cmd = cmd
+	s.mu.Unlock()
+	if err := WaitReady(s.Addr(), 10*time.Second); err != nil {
+		log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+		s.tb.Fatalf("redistest: redis-server on %s: %v\n%s", s.Addr(), err, log)
+	}
+}
+
+// Stop shuts the server down and waits for it to exit. It is a no-op when
+// the server is not running.
+func (s *Server) Stop() { s.signal(syscall.SIGTERM) }
+
+// Kill ends the server with SIGKILL, as a crash would.
+func (s *Server) Kill() { s.signal(syscall.SIGKILL) }
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.mu.Lock()
+	cmd := s.cmd
+	s.cmd = nil
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(sig)
+	_ = cmd.Wait()
+}
+
+// Restart stops the server and starts it again on the same port and
+// directory (with AOF on, the data survives).
+func (s *Server) Restart() {
+	s.tb.Helper()
+	s.Stop()
+	s.start()
+}
+
+// StartAgain starts a stopped or killed server on the same port.
+func (s *Server) StartAgain() {
+	s.tb.Helper()
+	s.start()
+}
+
+// WaitReady waits until a Redis server at addr answers PING and has loaded
+// its data.
+func WaitReady(addr string, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	defer c.Close()
+	var err error
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		err = c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return fmt.Errorf("not ready after %s: %w", within, err)
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago, and
+// whose cluster bus port (port+10000) is free too.
+func FreePort(tb testing.TB) int {
+	tb.Helper()
+	for range 50 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			tb.Fatalf("redistest: free port: %v", err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+		if port+10000 > 65535 {
+			continue
+		}
+		bus, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port+10000)))
+		if err != nil {
+			continue
+		}
+		_ = bus.Close()
+		return port
+	}
+	tb.Fatalf("redistest: no free port pair found")
+	return 0
+}
+
+// Cluster is a Redis Cluster of masters without replicas, owned by a test.
+type Cluster struct {
+	Nodes []*Server
+}
+
+// StartCluster starts n (at least 3) cluster-enabled servers and joins them
+// with redis-cli --cluster create.
+func StartCluster(tb testing.TB, n int) *Cluster {
+	tb.Helper()
+	c := &Cluster{}
+	addrs := make([]string, 0, n)
+	for range n {
+		s := Start(tb, Option{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"})
+		c.Nodes = append(c.Nodes, s)
+		addrs = append(addrs, s.Addr())
+	}
+	args := append([]string{"--cluster", "create"}, addrs...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	out, err := exec.Command("redis-cli", args...).CombinedOutput()
+	if err != nil {
+		tb.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out)
+	}
+	if err := c.waitOK(20 * time.Second); err != nil {
+		tb.Fatalf("redistest: cluster: %v", err)
+	}
+	return c
+}
+
+// Addrs lists the nodes' host:port.
+func (c *Cluster) Addrs() []string {
+	out := make([]string, len(c.Nodes))
+	for i, n := range c.Nodes {
+		out[i] = n.Addr()
+	}
+	return out
+}
+
+// Client returns a go-redis cluster client, closed at test end.
+func (c *Cluster) Client(tb testing.TB) *redis.ClusterClient {
+	cl := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	tb.Cleanup(func() { _ = cl.Close() })
+	return cl
+}
+
+func (c *Cluster) waitOK(within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		ok := true
+		for _, n := range c.Nodes {
+			out, err := exec.Command("redis-cli", "-p", strconv.Itoa(n.port), "cluster", "info").Output()
+			if err != nil || !clusterStateOK(string(out)) {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("cluster_state not ok after %s", within)
+}
+
+func clusterStateOK(info string) bool {
+	sc := bufio.NewScanner(strings.NewReader(info))
+	for sc.Scan() {
+		if strings.TrimSpace(sc.Text()) == "cluster_state:ok" {
+			return true
+		}
+	}
+	return false
+}
