@@ -1,0 +1,220 @@
+// Package monitoring turns fleetcap's events into Prometheus metrics and
+// OpenTelemetry traces, and serves the monitoring pages: /metrics, asynqmon,
+// and the semaphores page with its JSON and admin API.
+package monitoring
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/fleetcap/fleetcap/semaphore"
+)
+
+// MetricsOptions tunes NewMetrics.
+type MetricsOptions struct {
+	// KeyLabel maps a semaphore key to the value of the "key" label. A worker
+	// with per-tenant keys ("tenant:{tenant_id}" rendered for 10,000
+	// tenants) maps each rendered key back to its template so that the
+	// label stays bounded. It is called on every event and must be fast and
+	// safe for concurrent use. Default: the key itself.
+	KeyLabel func(key string) string
+}
+
+// Metrics is the Prometheus side of fleetcap: it receives the semaphore's
+// events (it is a semaphore.Observer) and the worker's (Requeued, LeaseLost,
+// Waiting), and exports them as the series listed in SPEC §1.3 plus the
+// fleetcap_* series an operator needs. Gauges are per process; sum them
+// across instances. Create it with NewMetrics.
+type Metrics struct {
+	keyLabel func(string) string
+
+	acquisitions  *prometheus.CounterVec
+	acquireFailed *prometheus.CounterVec
+	wait          *prometheus.HistogramVec
+	hold          *prometheus.HistogramVec
+	active        *prometheus.GaugeVec
+	capacity      *prometheus.GaugeVec
+	waiting       *prometheus.GaugeVec
+	leasesLost    *prometheus.CounterVec
+	releasesLost  *prometheus.CounterVec
+	taskLeaseLost *prometheus.CounterVec
+	requeued      *prometheus.CounterVec
+}
+
+var (
+	_ semaphore.Observer   = (*Metrics)(nil)
+	_ prometheus.Collector = (*Metrics)(nil)
+)
+
+// WaitBuckets are the buckets of redisx_semaphore_wait_duration_seconds:
+// from a millisecond (a seat free at once) to five minutes.
+var WaitBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+
+// HoldBuckets are the buckets of redisx_semaphore_hold_duration_seconds:
+// from 5 ms (a no-op task) to an hour.
+var HoldBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600}
+
+// NewMetrics creates the metrics and registers them on reg, which should be
+// the process's private registry (see NewRegistry), not the global one.
+func NewMetrics(reg prometheus.Registerer, opts MetricsOptions) (*Metrics, error) {
+	if reg == nil {
+		return nil, errors.New("monitoring: NewMetrics: nil Registerer")
+	}
+	keyLabel := opts.KeyLabel
+	if keyLabel == nil {
+		keyLabel = func(key string) string { return key }
+	}
+	m := &Metrics{
+		keyLabel: keyLabel,
+		acquisitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "redisx_semaphore_acquisitions_total",
+			Help: "Acquire and TryAcquire calls by outcome: acquired, or failed (full, timeout, exhausted, error, shutdown, canceled).",
+		}, []string{"key", "status"}),
+		acquireFailed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleetcap_semaphore_acquire_failures_total",
+			Help: "Acquire and TryAcquire calls that took no seat, by reason: full, timeout, exhausted, error, shutdown, canceled.",
+		}, []string{"key", "reason"}),
+		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "redisx_semaphore_wait_duration_seconds",
+			Help:    "Time from the Acquire call to the seat, for calls that took one (failures are counted in fleetcap_semaphore_acquire_failures_total).",
+			Buckets: WaitBuckets,
+		}, []string{"key"}),
+		hold: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "redisx_semaphore_hold_duration_seconds",
+			Help:    "Time from acquisition to release of a seat.",
+			Buckets: HoldBuckets,
+		}, []string{"key"}),
+		active: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "redisx_semaphore_permits_active",
+			Help: "Seats held by this process.",
+		}, []string{"key"}),
+		capacity: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "fleetcap_semaphore_capacity",
+			Help: "Declared fleet-wide capacity of a semaphore key (seats per rendered key for a template).",
+		}, []string{"key"}),
+		waiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "fleetcap_semaphore_waiting",
+			Help: "Tasks of this process waiting in-process for a seat (wait mode).",
+		}, []string{"key"}),
+		leasesLost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleetcap_semaphore_leases_lost_total",
+			Help: "Seats that auto-renewal found gone (expired or force-released) while still held.",
+		}, []string{"key"}),
+		releasesLost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleetcap_semaphore_releases_lost_total",
+			Help: "Releases that found the seat already gone: the cap did not hold for the whole run.",
+		}, []string{"key"}),
+		taskLeaseLost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleetcap_tasks_lease_lost_total",
+			Help: "Running tasks whose seat was lost, by task type.",
+		}, []string{"key", "task_type"}),
+		requeued: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleetcap_tasks_requeued_total",
+			Help: "Tasks given back to the queue without counting as a failure, by why: full, timeout, shutdown, error.",
+		}, []string{"key", "task_type", "why"}),
+	}
+	if err := reg.Register(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// NewRegistry returns a private registry that already holds the Go runtime
+// and process collectors; register Metrics and a QueueCollector on it and
+// serve it as ServerOptions.Gatherer.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return reg
+}
+
+func (m *Metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{
+		m.acquisitions, m.acquireFailed, m.wait, m.hold, m.active, m.capacity,
+		m.waiting, m.leasesLost, m.releasesLost, m.taskLeaseLost, m.requeued,
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range m.collectors() {
+		c.Describe(ch)
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range m.collectors() {
+		c.Collect(ch)
+	}
+}
+
+// SetCapacity records the declared capacity of a key (for a template, the
+// seats of each rendered key) and creates its series at zero, so that
+// rate() and dashboards see the key before its first acquisition. Call it
+// once per declared key at start.
+func (m *Metrics) SetCapacity(key string, capacity int) {
+	k := m.keyLabel(key)
+	m.capacity.WithLabelValues(k).Set(float64(capacity))
+	m.acquisitions.WithLabelValues(k, "acquired")
+	m.acquisitions.WithLabelValues(k, "failed")
+	m.active.WithLabelValues(k)
+	m.waiting.WithLabelValues(k)
+	m.leasesLost.WithLabelValues(k)
+}
+
+// Acquire implements semaphore.Observer.
+func (m *Metrics) Acquire(e semaphore.AcquireEvent) {
+	k := m.keyLabel(e.Key)
+	if e.Acquired() {
+		m.acquisitions.WithLabelValues(k, "acquired").Inc()
+		m.wait.WithLabelValues(k).Observe(e.Wait.Seconds())
+		return
+	}
+	m.acquisitions.WithLabelValues(k, "failed").Inc()
+	reason := string(e.Outcome)
+	if reason == "" {
+		reason = "unknown"
+	}
+	m.acquireFailed.WithLabelValues(k, reason).Inc()
+}
+
+// Release implements semaphore.Observer.
+func (m *Metrics) Release(e semaphore.ReleaseEvent) {
+	k := m.keyLabel(e.Key)
+	m.hold.WithLabelValues(k).Observe(e.Held.Seconds())
+	if e.Lost {
+		m.releasesLost.WithLabelValues(k).Inc()
+	}
+}
+
+// Lost implements semaphore.Observer.
+func (m *Metrics) Lost(key string) {
+	m.leasesLost.WithLabelValues(m.keyLabel(key)).Inc()
+}
+
+// ActiveChanged implements semaphore.Observer.
+func (m *Metrics) ActiveChanged(key string, delta int) {
+	m.active.WithLabelValues(m.keyLabel(key)).Add(float64(delta))
+}
+
+// Requeued counts a task the worker gave back to the queue without a
+// failure; why is "full", "timeout", "shutdown" or "error".
+func (m *Metrics) Requeued(key, taskType, why string) {
+	m.requeued.WithLabelValues(m.keyLabel(key), taskType, why).Inc()
+}
+
+// LeaseLost counts a running task whose seat was lost.
+func (m *Metrics) LeaseLost(key, taskType string) {
+	m.taskLeaseLost.WithLabelValues(m.keyLabel(key), taskType).Inc()
+}
+
+// Waiting adds delta to the number of tasks waiting in-process for a seat.
+func (m *Metrics) Waiting(key string, delta int) {
+	m.waiting.WithLabelValues(m.keyLabel(key)).Add(float64(delta))
+}

@@ -1,0 +1,125 @@
+package monitoring
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fleetcap/fleetcap/semaphore"
+)
+
+func TestMetricsFromObserverEvents(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg, MetricsOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.SetCapacity("legacy-api", 5)
+	m.Acquire(semaphore.AcquireEvent{Key: "legacy-api", Capacity: 5, Outcome: semaphore.OutcomeAcquired, Attempts: 1, Wait: 3 * time.Millisecond})
+	m.ActiveChanged("legacy-api", +1)
+	m.Acquire(semaphore.AcquireEvent{Key: "legacy-api", Capacity: 5, Outcome: semaphore.OutcomeFull, Attempts: 1})
+	m.Acquire(semaphore.AcquireEvent{Key: "legacy-api", Capacity: 5, Outcome: semaphore.Outcome(semaphore.ReasonTimeout), Attempts: 4, Wait: time.Second})
+	m.Requeued("legacy-api", "report:fetch", "full")
+	m.Waiting("legacy-api", +2)
+	m.Waiting("legacy-api", -1)
+	m.Lost("legacy-api")
+	m.LeaseLost("legacy-api", "report:fetch")
+	m.Release(semaphore.ReleaseEvent{Key: "legacy-api", Held: 2 * time.Second, Lost: true})
+	m.ActiveChanged("legacy-api", -1)
+
+	mfs := families(t, reg)
+	for _, c := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"fleetcap_semaphore_capacity", []string{"key", "legacy-api"}, 5},
+		{"redisx_semaphore_acquisitions_total", []string{"key", "legacy-api", "status", "acquired"}, 1},
+		{"redisx_semaphore_acquisitions_total", []string{"key", "legacy-api", "status", "failed"}, 2},
+		{"fleetcap_semaphore_acquire_failures_total", []string{"key", "legacy-api", "reason", "full"}, 1},
+		{"fleetcap_semaphore_acquire_failures_total", []string{"key", "legacy-api", "reason", "timeout"}, 1},
+		{"redisx_semaphore_wait_duration_seconds", []string{"key", "legacy-api"}, 1}, // acquired calls only
+		{"redisx_semaphore_hold_duration_seconds", []string{"key", "legacy-api"}, 1},
+		{"redisx_semaphore_permits_active", []string{"key", "legacy-api"}, 0},
+		{"fleetcap_semaphore_waiting", []string{"key", "legacy-api"}, 1},
+		{"fleetcap_semaphore_leases_lost_total", []string{"key", "legacy-api"}, 1},
+		{"fleetcap_semaphore_releases_lost_total", []string{"key", "legacy-api"}, 1},
+		{"fleetcap_tasks_lease_lost_total", []string{"key", "legacy-api", "task_type", "report:fetch"}, 1},
+		{"fleetcap_tasks_requeued_total", []string{"key", "legacy-api", "task_type", "report:fetch", "why", "full"}, 1},
+	} {
+		if got := mustSample(t, mfs, c.name, c.labels...); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+}
+
+func TestMetricsSetCapacityCreatesZeroSeries(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg, MetricsOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.SetCapacity("k", 3)
+	mfs := families(t, reg)
+	for _, status := range []string{"acquired", "failed"} {
+		if v := mustSample(t, mfs, "redisx_semaphore_acquisitions_total", "key", "k", "status", status); v != 0 {
+			t.Errorf("status %s = %v, want 0", status, v)
+		}
+	}
+	mustSample(t, mfs, "redisx_semaphore_permits_active", "key", "k")
+}
+
+func TestMetricsKeyLabelBoundsCardinality(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg, MetricsOptions{KeyLabel: func(key string) string {
+		if strings.HasPrefix(key, "tenant:") {
+			return "tenant:{tenant_id}"
+		}
+		return key
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 1000 {
+		key := "tenant:" + string(rune('a'+i%26)) + strings.Repeat("x", i/26)
+		m.Acquire(semaphore.AcquireEvent{Key: key, Capacity: 2, Outcome: semaphore.OutcomeAcquired, Attempts: 1})
+		m.ActiveChanged(key, +1)
+	}
+	mfs := families(t, reg)
+	if n := len(mfs["redisx_semaphore_acquisitions_total"].GetMetric()); n != 1 {
+		t.Fatalf("acquisitions series = %d, want 1", n)
+	}
+	if v := mustSample(t, mfs, "redisx_semaphore_acquisitions_total", "key", "tenant:{tenant_id}", "status", "acquired"); v != 1000 {
+		t.Errorf("acquired = %v, want 1000", v)
+	}
+	if v := mustSample(t, mfs, "redisx_semaphore_permits_active", "key", "tenant:{tenant_id}"); v != 1000 {
+		t.Errorf("active = %v, want 1000", v)
+	}
+}
+
+func TestNewMetricsErrors(t *testing.T) {
+	if _, err := NewMetrics(nil, MetricsOptions{}); err == nil {
+		t.Error("nil registerer: want an error")
+	}
+	reg := prometheus.NewRegistry()
+	if _, err := NewMetrics(reg, MetricsOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := NewMetrics(reg, MetricsOptions{})
+	var are prometheus.AlreadyRegisteredError
+	if !errors.As(err, &are) {
+		t.Errorf("second registration: err = %v, want AlreadyRegisteredError", err)
+	}
+}
+
+func TestNewRegistryHasRuntimeMetrics(t *testing.T) {
+	mfs := families(t, NewRegistry())
+	for _, name := range []string{"go_goroutines", "process_start_time_seconds"} {
+		if _, ok := mfs[name]; !ok {
+			t.Errorf("missing %s", name)
+		}
+	}
+}
