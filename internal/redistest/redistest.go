@@ -242,3 +242,36 @@ func clusterStateOK(info string) bool {
 	}
 	return false
 }
+
+// StartDetached starts a private redis-server outside any test, for
+// TestMain (examples need a server before any test runs). Call stop when
+// the tests are done.
+func StartDetached() (addr string, stop func(), err error) {
+	dir, err := os.MkdirTemp("", "redistest-")
+	if err != nil {
+		return "", nil, err
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
+		"--save", "", "--appendonly", "no", "--logfile", filepath.Join(dir, "redis.log"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return "", nil, fmt.Errorf("redistest: start redis-server (install the Debian package redis-server): %w", err)
+	}
+	stop = func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+		_ = os.RemoveAll(dir)
+	}
+	if err := WaitReady(addr, 10*time.Second); err != nil {
+		stop()
+		return "", nil, err
+	}
+	return addr, stop, nil
+}

@@ -1,0 +1,118 @@
+// Command bench runs fleetcap's benchmark scenarios (SPEC §4) against a real
+// Redis and prints one JSON line per scenario and variant.
+//
+//	go run ./bench -redis 127.0.0.1:6379 -scenarios S3,S4
+//
+// Without -redis (or REDIS_ADDR) it starts a private redis-server.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// scenario runs one benchmark and emits its JSON lines.
+type scenario func(ctx context.Context, env *benchEnv) error
+
+type benchEnv struct {
+	addr string
+	out  io.Writer
+}
+
+func (e *benchEnv) client() *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: e.addr, PoolSize: 64})
+}
+
+// emit prints one JSON line.
+func (e *benchEnv) emit(fields map[string]any) error {
+	b, err := json.Marshal(fields)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(e.out, string(b))
+	return err
+}
+
+var scenarios = map[string]scenario{
+	"S3": runS3,
+	"S4": runS4,
+}
+
+func run(ctx context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	addr := fs.String("redis", os.Getenv("REDIS_ADDR"), "Redis host:port; empty starts a private redis-server")
+	list := fs.String("scenarios", "S1,S2,S3,S4,S5,S6", "comma-separated scenarios to run")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *addr == "" {
+		a, stopRedis, err := redistest.StartDetached()
+		if err != nil {
+			return err
+		}
+		defer stopRedis()
+		*addr = a
+	}
+	env := &benchEnv{addr: *addr, out: out}
+	for _, name := range strings.Split(*list, ",") {
+		name = strings.TrimSpace(name)
+		sc, ok := scenarios[name]
+		if !ok {
+			return fmt.Errorf("unknown scenario %q", name)
+		}
+		if err := sc(ctx, env); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// commandCount is the total of calls in INFO commandstats.
+func commandCount(ctx context.Context, rdb *redis.Client) (int64, error) {
+	info, err := rdb.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for _, line := range strings.Split(info, "\n") {
+		i := strings.Index(line, "calls=")
+		if i < 0 {
+			continue
+		}
+		rest := line[i+len("calls="):]
+		if j := strings.IndexByte(rest, ','); j >= 0 {
+			rest = rest[:j]
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(rest), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("commandstats: %q: %w", line, err)
+		}
+		total += n
+	}
+	return total, nil
+}
+
+var _ = exec.Command
+var _ = time.Second

@@ -1,0 +1,86 @@
+package semaphore
+
+import (
+	"fmt"
+	"time"
+)
+
+// AcquireOption tunes one Acquire, TryAcquire or WithPermit call.
+type AcquireOption func(*acquireConfig)
+
+type acquireConfig struct {
+	ttl         time.Duration
+	waitTimeout time.Duration // 0: wait until ctx is done
+	maxAttempts int           // 0: no cap
+	autoRenew   bool
+	holder      string
+	err         error
+}
+
+// WithTTL sets the lease length; the Service's DefaultTTL otherwise.
+func WithTTL(d time.Duration) AcquireOption {
+	return func(c *acquireConfig) {
+		if d <= 0 {
+			c.err = fmt.Errorf("semaphore: WithTTL: ttl must be > 0, got %s", d)
+			return
+		}
+		c.ttl = d
+	}
+}
+
+// WithWaitTimeout bounds how long Acquire waits in all; when it runs out,
+// Acquire fails with ReasonTimeout. Without it Acquire waits until its
+// context is done.
+func WithWaitTimeout(d time.Duration) AcquireOption {
+	return func(c *acquireConfig) {
+		if d <= 0 {
+			c.err = fmt.Errorf("semaphore: WithWaitTimeout: timeout must be > 0, got %s", d)
+			return
+		}
+		c.waitTimeout = d
+	}
+}
+
+// WithMaxAttempts caps how many times Acquire asks the store; past it,
+// Acquire fails with ReasonExhausted.
+func WithMaxAttempts(n int) AcquireOption {
+	return func(c *acquireConfig) {
+		if n < 1 {
+			c.err = fmt.Errorf("semaphore: WithMaxAttempts: attempts must be >= 1, got %d", n)
+			return
+		}
+		c.maxAttempts = n
+	}
+}
+
+// WithAutoRenew renews the lease about every TTL/3 until Release or
+// StopAutoRenew. When a renewal finds the seat gone, Permit.Lost is closed.
+func WithAutoRenew() AcquireOption {
+	return func(c *acquireConfig) { c.autoRenew = true }
+}
+
+// WithHolder records who holds the seat (Holders reports it); the worker
+// passes the task ID.
+func WithHolder(label string) AcquireOption {
+	return func(c *acquireConfig) { c.holder = label }
+}
+
+func (s *Service) acquireConfig(key string, permits int, opts []AcquireOption) (acquireConfig, error) {
+	c := acquireConfig{ttl: s.ttl}
+	if err := checkKey(key); err != nil {
+		return c, err
+	}
+	if err := checkPermits(permits); err != nil {
+		return c, err
+	}
+	for _, o := range opts {
+		if o == nil {
+			return c, fmt.Errorf("semaphore: nil AcquireOption")
+		}
+		o(&c)
+		if c.err != nil {
+			return c, c.err
+		}
+	}
+	return c, nil
+}

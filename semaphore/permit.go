@@ -1,0 +1,274 @@
+package semaphore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Permit is a leased seat of a semaphore. Release it when the work is done;
+// it lapses by itself at ExpiresAt unless extended or auto-renewed.
+type Permit struct {
+	s          *Service
+	key        string
+	k          keys
+	id         string
+	capacity   int
+	acquiredAt time.Time // server time
+
+	mu          sync.Mutex
+	ttl         time.Duration
+	expiresAt   time.Time // server time
+	deadline    time.Time // local clock: when the lease surely ran out if not renewed
+	released    bool
+	lostOnce    sync.Once
+	lost        chan struct{}
+	counted     bool // still counted as active by the Observer
+	renewCancel context.CancelFunc
+	renewDone   chan struct{}
+}
+
+func newPermit(s *Service, req request, res attemptResult) *Permit {
+	return &Permit{
+		s:          s,
+		key:        req.key,
+		k:          req.k,
+		id:         res.permitID,
+		capacity:   req.capacity,
+		acquiredAt: res.now,
+		ttl:        req.cfg.ttl,
+		expiresAt:  res.now.Add(req.cfg.ttl),
+		deadline:   res.sent.Add(req.cfg.ttl),
+		lost:       make(chan struct{}),
+		counted:    true,
+	}
+}
+
+// Key is the semaphore's key.
+func (p *Permit) Key() string { return p.key }
+
+// ID is the permit's unique ID.
+func (p *Permit) ID() string { return p.id }
+
+// TTL is the length of the current lease.
+func (p *Permit) TTL() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ttl
+}
+
+// AcquiredAt is when the seat was taken, by the Redis server's clock.
+func (p *Permit) AcquiredAt() time.Time { return p.acquiredAt }
+
+// ExpiresAt is when the lease runs out unless extended, by the Redis
+// server's clock.
+func (p *Permit) ExpiresAt() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.expiresAt
+}
+
+// Lost is closed when the permit learns that its seat is gone: an
+// auto-renewal or Extend found it expired or force-released, or renewal
+// could not reach the store before the lease ran out.
+func (p *Permit) Lost() <-chan struct{} { return p.lost }
+
+// Release gives the seat back. It is idempotent: a second call does nothing
+// and returns nil. It returns ErrPermitNotHeld when the seat was already
+// lost (expired or force-released): the cap was not held for the whole run.
+// When the store cannot be reached the error says so and Release may be
+// called again.
+func (p *Permit) Release(ctx context.Context) error {
+	p.mu.Lock()
+	if p.released {
+		p.mu.Unlock()
+		return nil
+	}
+	p.released = true
+	p.mu.Unlock()
+	p.StopAutoRenew()
+
+	held, err := p.s.release(ctx, p)
+	if err != nil {
+		p.mu.Lock()
+		p.released = false
+		p.mu.Unlock()
+		return fmt.Errorf("semaphore: release %q: %w", p.key, err)
+	}
+	p.mu.Lock()
+	counted := p.counted
+	p.counted = false
+	p.mu.Unlock()
+	if obs := p.s.obs; obs != nil {
+		obs.Release(ReleaseEvent{Key: p.key, Held: time.Since(p.localAcquired()), Lost: !held})
+		if counted {
+			obs.ActiveChanged(p.key, -1)
+		}
+	}
+	if !held {
+		return fmt.Errorf("semaphore: release %q permit %s: %w", p.key, p.id, ErrPermitNotHeld)
+	}
+	return nil
+}
+
+// localAcquired estimates the local time of acquisition.
+func (p *Permit) localAcquired() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.deadline.Add(-p.ttl)
+}
+
+// release frees p's seat on the store, handing it to a local waiter when
+// there is one.
+func (s *Service) release(ctx context.Context, p *Permit) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+	defer cancel()
+	held, handed, err := s.handOver(ctx, p)
+	if err != nil || handed {
+		return held, err
+	}
+	n, err := releaseScript.Run(ctx, s.rdb, []string{p.k.holders, p.k.labels, p.k.queue}, p.id, p.capacity, s.wakePrefix(), p.key).Int()
+	return n == 1, err
+}
+
+// Extend pushes the lease expiry to now + ttl (server time). It returns an
+// error wrapping ErrExtension when the seat is gone on the store.
+func (p *Permit) Extend(ctx context.Context, ttl time.Duration) error {
+	if ttl <= 0 {
+		return fmt.Errorf("semaphore: Extend: ttl must be > 0, got %s", ttl)
+	}
+	sent := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	vals, err := extendScript.Run(ctx, p.s.rdb, []string{p.k.holders, p.k.labels}, p.id, ttl.Milliseconds()).Int64Slice()
+	if err != nil {
+		return fmt.Errorf("semaphore: extend %q: %w", p.key, err)
+	}
+	if len(vals) != 2 {
+		return fmt.Errorf("semaphore: extend script replied %d values", len(vals))
+	}
+	if vals[0] != 1 {
+		p.markLost()
+		return fmt.Errorf("semaphore: extend %q permit %s: %w", p.key, p.id, ErrExtension)
+	}
+	p.mu.Lock()
+	p.ttl = ttl
+	p.expiresAt = time.UnixMilli(vals[1]).Add(ttl)
+	p.deadline = sent.Add(ttl)
+	p.mu.Unlock()
+	return nil
+}
+
+// IsHeld checks against the store whether the seat is still held.
+func (p *Permit) IsHeld(ctx context.Context) (bool, error) {
+	n, err := heldScript.Run(ctx, p.s.rdb, []string{p.k.holders}, p.id).Int()
+	if err != nil {
+		return false, fmt.Errorf("semaphore: is held %q: %w", p.key, err)
+	}
+	return n == 1, nil
+}
+
+// markLost closes Lost once and tells the Observer.
+func (p *Permit) markLost() {
+	p.lostOnce.Do(func() {
+		close(p.lost)
+		p.mu.Lock()
+		counted := p.counted
+		p.counted = false
+		p.mu.Unlock()
+		p.s.log.Warn("semaphore: seat lost", "key", p.key, "permit", p.id)
+		if obs := p.s.obs; obs != nil {
+			obs.Lost(p.key)
+			if counted {
+				obs.ActiveChanged(p.key, -1)
+			}
+		}
+	})
+}
+
+// IsAutoRenewing reports whether auto-renewal is running.
+func (p *Permit) IsAutoRenewing() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.renewCancel != nil
+}
+
+// StopAutoRenew stops auto-renewal and waits for it to end; the lease then
+// runs out at ExpiresAt unless extended or released.
+func (p *Permit) StopAutoRenew() {
+	p.s.mu.Lock()
+	delete(p.s.renewing, p)
+	p.s.mu.Unlock()
+	p.stopRenew()
+}
+
+func (p *Permit) stopRenew() {
+	p.mu.Lock()
+	cancel, done := p.renewCancel, p.renewDone
+	p.renewCancel, p.renewDone = nil, nil
+	p.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
+}
+
+// startRenew starts p's auto-renewal, unless the Service is closed.
+func (s *Service) startRenew(p *Permit) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	s.mu.Lock()
+	if s.isClosed() {
+		s.mu.Unlock()
+		cancel()
+		return
+	}
+	s.renewing[p] = struct{}{}
+	s.mu.Unlock()
+	p.mu.Lock()
+	p.renewCancel, p.renewDone = cancel, done
+	p.mu.Unlock()
+	go p.renew(ctx, done)
+}
+
+// renew extends the lease about every TTL/3. When an extension finds the
+// seat gone, or the store stays out of reach until the lease surely ran
+// out, it closes Lost and stops.
+func (p *Permit) renew(ctx context.Context, done chan struct{}) {
+	defer close(done)
+	interval := p.TTL() / 3
+	for {
+		t := time.NewTimer(interval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		p.mu.Lock()
+		deadline := p.deadline
+		p.mu.Unlock()
+		// Give up on the call when the lease surely ran out meanwhile.
+		callCtx, cancel := context.WithDeadline(ctx, deadline)
+		err := p.Extend(callCtx, p.TTL())
+		cancel()
+		switch {
+		case err == nil:
+			interval = p.TTL() / 3
+		case errors.Is(err, ErrExtension):
+			return // markLost already ran
+		case ctx.Err() != nil:
+			return
+		default:
+			if !time.Now().Before(deadline) {
+				p.s.log.Warn("semaphore: could not renew the lease before it ran out", "key", p.key, "permit", p.id, "err", err)
+				p.markLost()
+				return
+			}
+			p.s.log.Warn("semaphore: lease renewal failed; retrying", "key", p.key, "permit", p.id, "err", err)
+			interval = min(p.TTL()/10, time.Until(deadline)) + time.Millisecond
+		}
+	}
+}

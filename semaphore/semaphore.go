@@ -1,0 +1,282 @@
+// Package semaphore is a leased, fleet-wide counting semaphore on Redis.
+//
+// A Service hands out permits: leased seats of a named semaphore of a given
+// capacity. Every process of a fleet that uses the same Redis and prefix
+// shares the seats, so at most capacity permits of one key are held at once.
+// A seat lapses at its lease expiry unless it is extended or auto-renewed,
+// so a crashed holder frees its seat within its TTL. Lease time comes from
+// the Redis server's clock, never from the caller's.
+//
+// Waiting is cheap: the waiters of one process queue locally and take a
+// single place in a fleet-wide first-come-first-served line in Redis; a
+// release wakes the process first in line at once through pub/sub, a lease
+// expiry through a timer, and a backoff with jitter is only the safety net.
+package semaphore
+
+import (
+	"context"
+	"crypto/rand"
+	"embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
+)
+
+//go:embed lua/*.lua
+var luaFiles embed.FS
+
+func script(name string) *redis.Script {
+	src, err := luaFiles.ReadFile("lua/" + name)
+	if err != nil {
+		panic("semaphore: missing embedded script " + name) // a build defect, not user input
+	}
+	return redis.NewScript(string(src))
+}
+
+var (
+	acquireScript      = script("acquire.lua")
+	releaseScript      = script("release.lua")
+	extendScript       = script("extend.lua")
+	leaveScript        = script("leave.lua")
+	forceReleaseScript = script("forcerelease.lua")
+	holdersScript      = script("holders.lua")
+	heldScript         = script("held.lua")
+)
+
+// Defaults of Options.
+const (
+	DefaultPrefix = "fleetcap:sem:"
+	DefaultTTL    = 30 * time.Second
+)
+
+// Options configure a Service.
+type Options struct {
+	Prefix         string               // key prefix; default "fleetcap:sem:"
+	DefaultTTL     time.Duration        // lease when a call gives none; default 30s
+	Logger         *slog.Logger         // default slog.Default()
+	TracerProvider trace.TracerProvider // default otel.GetTracerProvider()
+	Observer       Observer             // metrics hook; nil = none
+}
+
+// Service hands out permits of semaphores kept in one Redis. It is safe for
+// concurrent use; one Service per process is the intended shape.
+type Service struct {
+	rdb    redis.UniversalClient
+	prefix string
+	ttl    time.Duration
+	log    *slog.Logger
+	tracer trace.Tracer
+	obs    Observer
+	id     string // this Service's name in the waiting lines
+
+	closeOnce sync.Once
+	closed    chan struct{}
+
+	mu       sync.Mutex
+	lines    map[string]*line     // keys with local waiters
+	renewing map[*Permit]struct{} // permits with auto-renew on
+	wake     *redis.PubSub        // subscription to this Service's wake channel
+	clock    clockOffset
+}
+
+// New returns a Service on rdb. It does not take ownership of rdb: Close
+// leaves it open.
+func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
+	if rdb == nil {
+		return nil, errors.New("semaphore: New: nil redis client")
+	}
+	if opts.DefaultTTL < 0 {
+		return nil, fmt.Errorf("semaphore: New: DefaultTTL must be > 0, got %s", opts.DefaultTTL)
+	}
+	if opts.Prefix == "" {
+		opts.Prefix = DefaultPrefix
+	}
+	if opts.DefaultTTL == 0 {
+		opts.DefaultTTL = DefaultTTL
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.TracerProvider == nil {
+		opts.TracerProvider = otel.GetTracerProvider()
+	}
+	return &Service{
+		rdb:      rdb,
+		prefix:   opts.Prefix,
+		ttl:      opts.DefaultTTL,
+		log:      opts.Logger,
+		tracer:   opts.TracerProvider.Tracer("github.com/fleetcap/fleetcap/semaphore"),
+		obs:      opts.Observer,
+		id:       randomID(),
+		closed:   make(chan struct{}),
+		lines:    make(map[string]*line),
+		renewing: make(map[*Permit]struct{}),
+	}, nil
+}
+
+// keys are the Redis keys of one semaphore; they share the hash tag {key}.
+type keys struct {
+	holders, labels, queue, qexp string
+}
+
+func (s *Service) keysFor(key string) keys {
+	base := s.prefix + "{" + key + "}:"
+	return keys{holders: base + "holders", labels: base + "labels", queue: base + "queue", qexp: base + "qexp"}
+}
+
+// wakePrefix is the prefix of the channels that wake a waiting Service; the
+// Service's id completes the name.
+func (s *Service) wakePrefix() string { return s.prefix + "wake:" }
+
+func checkKey(key string) error {
+	if key == "" {
+		return errors.New("semaphore: key must not be empty")
+	}
+	return nil
+}
+
+func checkPermits(permits int) error {
+	if permits < 1 {
+		return fmt.Errorf("semaphore: permits must be >= 1, got %d", permits)
+	}
+	return nil
+}
+
+// UsedPermits counts the live (unexpired) holders of key.
+func (s *Service) UsedPermits(ctx context.Context, key string) (int, error) {
+	if err := checkKey(key); err != nil {
+		return 0, err
+	}
+	k := s.keysFor(key)
+	n, err := holdersScript.Run(ctx, s.rdb, []string{k.holders, k.labels}, "count").Int()
+	if err != nil {
+		return 0, fmt.Errorf("semaphore: used permits of %q: %w", key, err)
+	}
+	return n, nil
+}
+
+// AvailablePermits is permits minus the live holders of key, never below 0.
+func (s *Service) AvailablePermits(ctx context.Context, key string, permits int) (int, error) {
+	if err := checkPermits(permits); err != nil {
+		return 0, err
+	}
+	used, err := s.UsedPermits(ctx, key)
+	if err != nil {
+		return 0, err
+	}
+	return max(permits-used, 0), nil
+}
+
+// Holder is a live holder of a seat.
+type Holder struct {
+	PermitID  string
+	Label     string // WithHolder's label; the worker records the task ID
+	ExpiresAt time.Time
+}
+
+// Holders lists the live holders of key, soonest expiry first.
+func (s *Service) Holders(ctx context.Context, key string) ([]Holder, error) {
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	k := s.keysFor(key)
+	vals, err := holdersScript.Run(ctx, s.rdb, []string{k.holders, k.labels}, "list").Slice()
+	if err != nil {
+		return nil, fmt.Errorf("semaphore: holders of %q: %w", key, err)
+	}
+	out := make([]Holder, 0, (len(vals)-1)/3)
+	for i := 1; i+2 < len(vals); i += 3 {
+		id, _ := vals[i].(string)
+		label, _ := vals[i+2].(string)
+		ms, err := strconv.ParseFloat(fmt.Sprint(vals[i+1]), 64)
+		if err != nil {
+			return nil, fmt.Errorf("semaphore: holders of %q: bad expiry %v", key, vals[i+1])
+		}
+		out = append(out, Holder{PermitID: id, Label: label, ExpiresAt: time.UnixMilli(int64(ms))})
+	}
+	return out, nil
+}
+
+// ForceReleaseAll frees every seat of key and returns how many live holders
+// it displaced. Their Release returns ErrPermitNotHeld, their Extend
+// ErrExtension.
+func (s *Service) ForceReleaseAll(ctx context.Context, key string) (int, error) {
+	if err := checkKey(key); err != nil {
+		return 0, err
+	}
+	k := s.keysFor(key)
+	n, err := forceReleaseScript.Run(ctx, s.rdb, []string{k.holders, k.labels, k.queue}, s.wakePrefix(), key).Int()
+	if err != nil {
+		return 0, fmt.Errorf("semaphore: force release of %q: %w", key, err)
+	}
+	s.log.Warn("semaphore: force-released every seat", "key", key, "displaced", n)
+	return n, nil
+}
+
+// Close shuts the Service down. It does not release held permits (their work
+// may still be running): it stops every auto-renewal, so this process's
+// seats lapse within their remaining TTL; it aborts every waiting Acquire
+// with ReasonShutdown; a seat won on the wire meanwhile is given back. Work
+// that finishes still releases through its own Release. Close does not
+// close the Redis client.
+func (s *Service) Close() error {
+	s.closeOnce.Do(func() {
+		close(s.closed)
+		s.mu.Lock()
+		for p := range s.renewing {
+			p.stopRenew()
+		}
+		s.renewing = map[*Permit]struct{}{}
+		wake := s.wake
+		s.wake = nil
+		s.mu.Unlock()
+		if wake != nil {
+			_ = wake.Close() // only closes our own subscription connection
+		}
+	})
+	return nil
+}
+
+func (s *Service) isClosed() bool {
+	select {
+	case <-s.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+func randomID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
+	return hex.EncodeToString(b[:])
+}
+
+// clockOffset tracks the Redis server's clock relative to the local
+// monotonic clock, to stamp local waiters with a server-time ticket.
+type clockOffset struct {
+	mu     sync.Mutex
+	offset time.Duration // server minus local
+	known  bool
+}
+
+func (c *clockOffset) observe(serverMicros int64, local time.Time) {
+	c.mu.Lock()
+	c.offset = time.UnixMicro(serverMicros).Sub(local)
+	c.known = true
+	c.mu.Unlock()
+}
+
+func (c *clockOffset) now() (int64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return time.Now().Add(c.offset).UnixMicro(), c.known
+}
