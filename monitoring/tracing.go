@@ -1,0 +1,277 @@
+package monitoring
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/hibiken/asynq"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+)
+
+// tracerName is the instrumentation scope of the spans made here.
+const tracerName = "github.com/fleetcap/fleetcap/monitoring"
+
+// consoleOut is where OTEL_TRACES_EXPORTER=console writes; tests swap it.
+var consoleOut io.Writer = os.Stdout
+
+// propagator writes and reads W3C traceparent/tracestate and baggage in
+// task headers, whatever global propagator the process has.
+var propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+
+// SetupTracing builds the process's TracerProvider from the standard
+// OpenTelemetry environment variables and installs it, with the W3C
+// propagators, as the OTel globals (the semaphore's tracer defaults to
+// them).
+//
+//   - OTEL_TRACES_EXPORTER: "otlp", "console" (pretty JSON on stdout),
+//     "none", or a comma-separated list. When unset, spans go to OTLP if
+//     OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is
+//     set, and nowhere otherwise.
+//   - OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL: "http/protobuf" (default) or
+//     "grpc". The exporters read the other OTEL_EXPORTER_OTLP_* variables
+//     (endpoint, headers, timeout, certificates) themselves.
+//   - OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES override serviceName;
+//     OTEL_TRACES_SAMPLER[_ARG] pick the sampler; OTEL_SDK_DISABLED=true
+//     turns tracing off.
+//
+// With no exporter it returns a no-op provider. Call shutdown at exit to
+// flush buffered spans.
+func SetupTracing(ctx context.Context, serviceName string) (tp trace.TracerProvider, shutdown func(context.Context) error, err error) {
+	otel.SetTextMapPropagator(propagator)
+	noShutdown := func(context.Context) error { return nil }
+	if strings.EqualFold(strings.TrimSpace(os.Getenv("OTEL_SDK_DISABLED")), "true") {
+		return noop.NewTracerProvider(), noShutdown, nil
+	}
+	exporters, err := tracesExporters(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(exporters) == 0 {
+		return noop.NewTracerProvider(), noShutdown, nil
+	}
+	res, err := resource.New(ctx,
+		resource.WithAttributes(semconv.ServiceName(serviceName)),
+		resource.WithFromEnv(), // OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES win
+		resource.WithTelemetrySDK(),
+		resource.WithHost(),
+		resource.WithProcessPID(),
+	)
+	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
+		return nil, nil, fmt.Errorf("monitoring: tracing resource: %w", err)
+	}
+	opts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
+	for _, exp := range exporters {
+		opts = append(opts, sdktrace.WithBatcher(exp))
+	}
+	sdk := sdktrace.NewTracerProvider(opts...)
+	otel.SetTracerProvider(sdk)
+	return sdk, sdk.Shutdown, nil
+}
+
+// tracesExporters reads OTEL_TRACES_EXPORTER and the OTLP protocol
+// variables and builds the exporters they ask for.
+func tracesExporters(ctx context.Context) ([]sdktrace.SpanExporter, error) {
+	names := strings.TrimSpace(os.Getenv("OTEL_TRACES_EXPORTER"))
+	if names == "" {
+		if os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") == "" && os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") == "" {
+			return nil, nil
+		}
+		names = "otlp"
+	}
+	var exps []sdktrace.SpanExporter
+	for name := range strings.SplitSeq(names, ",") {
+		var exp sdktrace.SpanExporter
+		var err error
+		switch strings.ToLower(strings.TrimSpace(name)) {
+		case "none":
+			return nil, nil
+		case "otlp":
+			exp, err = otlpExporter(ctx)
+		case "console":
+			exp, err = stdouttrace.New(stdouttrace.WithWriter(consoleOut), stdouttrace.WithPrettyPrint())
+		default:
+			err = fmt.Errorf("OTEL_TRACES_EXPORTER: unsupported exporter %q (want otlp, console or none)", name)
+		}
+		if err != nil {
+			for _, e := range exps {
+				_ = e.Shutdown(ctx)
+			}
+			return nil, fmt.Errorf("monitoring: tracing: %w", err)
+		}
+		exps = append(exps, exp)
+	}
+	return exps, nil
+}
+
+// otlpExporter picks OTLP over HTTP or gRPC by the protocol variables.
+func otlpExporter(ctx context.Context) (sdktrace.SpanExporter, error) {
+	proto := os.Getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+	if proto == "" {
+		proto = os.Getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
+	}
+	switch strings.ToLower(strings.TrimSpace(proto)) {
+	case "", "http/protobuf":
+		return otlptracehttp.New(ctx)
+	case "grpc":
+		return otlptracegrpc.New(ctx)
+	default:
+		return nil, fmt.Errorf("OTEL_EXPORTER_OTLP_PROTOCOL: unsupported protocol %q (want http/protobuf or grpc)", proto)
+	}
+}
+
+// Attributes of the asynq spans, beside the messaging.* conventions.
+const (
+	attrTaskType   = attribute.Key("asynq.task.type")
+	attrRetryCount = attribute.Key("asynq.task.retry_count")
+	attrMaxRetry   = attribute.Key("asynq.task.max_retry")
+)
+
+var messagingSystem = semconv.MessagingSystemKey.String("asynq")
+
+func tracer(tp trace.TracerProvider) trace.Tracer {
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	return tp.Tracer(tracerName)
+}
+
+// InjectTask starts the producer span "asynq.enqueue <taskType>" and
+// writes its W3C trace context (traceparent, tracestate, baggage) into
+// headers, which must not be nil. Create the task with
+// asynq.NewTaskWithHeaders(taskType, payload, headers, ...), enqueue it
+// with the returned context, and finish the span with EndEnqueue. A nil tp
+// means the global provider.
+//
+//	headers := map[string]string{}
+//	ctx, span := monitoring.InjectTask(ctx, tp, "report:fetch", payload, headers)
+//	info, err := client.EnqueueContext(ctx, asynq.NewTaskWithHeaders("report:fetch", payload, headers))
+//	monitoring.EndEnqueue(span, info, err)
+func InjectTask(ctx context.Context, tp trace.TracerProvider, taskType string, payload []byte, headers map[string]string) (context.Context, trace.Span) {
+	ctx, span := tracer(tp).Start(ctx, "asynq.enqueue "+taskType,
+		trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(
+			messagingSystem,
+			semconv.MessagingOperationTypeSend,
+			semconv.MessagingOperationName("enqueue"),
+			semconv.MessagingMessageBodySize(len(payload)),
+			attrTaskType.String(taskType),
+		))
+	if headers != nil {
+		propagator.Inject(ctx, propagation.MapCarrier(headers))
+	}
+	return ctx, span
+}
+
+// EndEnqueue records the outcome of an enqueue on the span from InjectTask
+// (task ID and queue, or the error) and ends it.
+func EndEnqueue(span trace.Span, info *asynq.TaskInfo, err error) {
+	if info != nil {
+		span.SetAttributes(semconv.MessagingMessageID(info.ID), semconv.MessagingDestinationName(info.Queue))
+	}
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}
+
+// TracingOption tunes TracingMiddleware.
+type TracingOption func(*tracingConfig)
+
+type tracingConfig struct {
+	isFailure func(error) bool
+}
+
+// WithIsFailure tells the middleware which handler errors are failures,
+// like asynq's Config.IsFailure: an error for which fn returns false (such
+// as "semaphore full, requeue") leaves the span's status unset and is
+// recorded as an "asynq.requeue" event instead. Default: every error is a
+// failure.
+func WithIsFailure(fn func(error) bool) TracingOption {
+	return func(c *tracingConfig) { c.isFailure = fn }
+}
+
+// TracingMiddleware returns asynq middleware that runs each task inside a
+// CONSUMER span "asynq.process <type>". The span starts a new trace and
+// links to the producer's span when the task's headers carry a
+// traceparent (see InjectTask): a task that is retried or requeued many
+// times gives one short trace per run, each linked to its enqueue. Baggage
+// from the headers reaches the handler's context. The span carries the
+// task ID, queue, retry count and max retry, and has status Error when the
+// handler fails or panics (the panic goes on to asynq). Install it before
+// the cap middleware so that the semaphore.acquire span is its child. A nil
+// tp means the global provider.
+func TracingMiddleware(tp trace.TracerProvider, opts ...TracingOption) asynq.MiddlewareFunc {
+	cfg := tracingConfig{}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	return func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) (err error) {
+			carrier := propagation.MapCarrier(t.Headers())
+			producer := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), carrier))
+			ctx = propagation.Baggage{}.Extract(ctx, carrier)
+
+			attrs := []attribute.KeyValue{
+				messagingSystem,
+				semconv.MessagingOperationTypeProcess,
+				semconv.MessagingOperationName("process"),
+				semconv.MessagingMessageBodySize(len(t.Payload())),
+				attrTaskType.String(t.Type()),
+			}
+			if id, ok := asynq.GetTaskID(ctx); ok {
+				attrs = append(attrs, semconv.MessagingMessageID(id))
+			}
+			if q, ok := asynq.GetQueueName(ctx); ok {
+				attrs = append(attrs, semconv.MessagingDestinationName(q))
+			}
+			if n, ok := asynq.GetRetryCount(ctx); ok {
+				attrs = append(attrs, attrRetryCount.Int(n))
+			}
+			if n, ok := asynq.GetMaxRetry(ctx); ok {
+				attrs = append(attrs, attrMaxRetry.Int(n))
+			}
+			startOpts := []trace.SpanStartOption{
+				trace.WithSpanKind(trace.SpanKindConsumer),
+				trace.WithNewRoot(),
+				trace.WithAttributes(attrs...),
+			}
+			if producer.IsValid() {
+				startOpts = append(startOpts, trace.WithLinks(trace.Link{SpanContext: producer}))
+			}
+			ctx, span := tracer(tp).Start(ctx, "asynq.process "+t.Type(), startOpts...)
+			defer func() {
+				if r := recover(); r != nil {
+					span.SetStatus(codes.Error, fmt.Sprintf("panic: %v", r))
+					span.End()
+					panic(r)
+				}
+				switch {
+				case err == nil:
+				case cfg.isFailure != nil && !cfg.isFailure(err):
+					span.AddEvent("asynq.requeue", trace.WithAttributes(attribute.String("reason", err.Error())))
+				default:
+					span.RecordError(err)
+					span.SetStatus(codes.Error, err.Error())
+				}
+				span.End()
+			}()
+			return next.ProcessTask(ctx, t)
+		})
+	}
+}
