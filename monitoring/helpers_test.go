@@ -1,7 +1,9 @@
 package monitoring
 
 import (
+	"io"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -102,4 +104,16 @@ func eventually(t *testing.T, within time.Duration, what string, cond func() boo
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// syncWriter serialises writes to w (slog handlers may write concurrently).
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }
