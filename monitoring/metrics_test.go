@@ -123,3 +123,14 @@ func TestNewRegistryHasRuntimeMetrics(t *testing.T) {
 		}
 	}
 }
+
+// workerObserver mirrors worker.Observer (monitoring must not import
+// worker): Metrics must keep satisfying it.
+type workerObserver interface {
+	semaphore.Observer
+	Requeued(key, taskType, why string)
+	LeaseLost(key, taskType string)
+	Waiting(key string, delta int)
+}
+
+var _ workerObserver = (*Metrics)(nil)
