@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -178,7 +179,11 @@ func TestMetricsEndpointWithRealSemaphore(t *testing.T) {
 
 func TestReleaseAllEndpoint(t *testing.T) {
 	const token = "s3cret-admin-token"
-	keys := []KeyInfo{{Key: "legacy-api", Capacity: 5}, {Key: "tenant:{tenant_id}", Capacity: 2, Template: "tenant:{tenant_id}"}}
+	keys := []KeyInfo{
+		{Key: "legacy-api", Capacity: 5},
+		{Key: "reports/eu", Capacity: 1},
+		{Key: "tenant:{tenant_id}", Capacity: 2, Template: "tenant:{tenant_id}"},
+	}
 
 	t.Run("no admin token configured", func(t *testing.T) {
 		f := newFixture(t, fixtureOptions{keys: keys})
@@ -233,6 +238,11 @@ func TestReleaseAllEndpoint(t *testing.T) {
 	}
 	if err := held[0].Release(context.Background()); !errors.Is(err, semaphore.ErrPermitNotHeld) {
 		t.Errorf("Release of a displaced permit = %v, want ErrPermitNotHeld", err)
+	}
+	// A key with a slash travels path-escaped.
+	f.hold(t, "reports/eu", 1, 1, "eu")
+	if code, body := f.do(t, "POST", "/api/semaphores/"+url.PathEscape("reports/eu")+"/release-all", "Bearer "+token); code != 200 || !strings.Contains(body, `"displaced":1`) {
+		t.Errorf("release-all of reports/eu = %d %s, want 200 displaced 1", code, body)
 	}
 	if strings.Contains(f.logs.String(), token) {
 		t.Error("the admin token appears in the logs")
