@@ -72,7 +72,8 @@ var (
 )
 
 // NewQueueCollector returns a collector reading queue statistics through
-// insp. The caller owns insp (and closes it).
+// insp. The caller owns insp (and closes it); a nil insp reports
+// fleetcap_asynq_up 0.
 func NewQueueCollector(insp *asynq.Inspector, opts QueueCollectorOptions) *QueueCollector {
 	c := &QueueCollector{insp: insp, cacheFor: opts.CacheFor, log: opts.Logger, now: time.Now}
 	if c.cacheFor == 0 {
@@ -149,6 +150,9 @@ func (c *QueueCollector) read() ([]*asynq.QueueInfo, error) {
 }
 
 func (c *QueueCollector) readQueues() ([]*asynq.QueueInfo, error) {
+	if c.insp == nil {
+		return nil, errors.New("monitoring: QueueCollector has no Inspector")
+	}
 	names, err := c.insp.Queues()
 	if err != nil {
 		return nil, err
