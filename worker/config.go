@@ -1,0 +1,273 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"time"
+)
+
+// Config is the whole of config.yaml. Each section maps 1:1 to a struct below;
+// every field documents its default. Build one with LoadConfig or
+// ParseConfig, which apply the defaults and validate.
+type Config struct {
+	Redis      RedisConfig           `yaml:"redis"`
+	Worker     WorkerConfig          `yaml:"worker"`
+	Semaphore  SemaphoreConfig       `yaml:"semaphore"`
+	Monitoring MonitoringConfig      `yaml:"monitoring"`
+	Tasks      map[string]TaskConfig `yaml:"tasks"` // task type -> its settings
+}
+
+// RedisConfig says where the fleet's Redis is. Set at most one of URL and
+// ClusterAddrs; with neither, the worker runs an embedded Redis (miniredis).
+type RedisConfig struct {
+	// URL is a redis://, rediss:// (TLS) or redis-sentinel:// URL; default ""
+	// (embedded). FLEETCAP_REDIS_URL overrides it.
+	URL string `yaml:"url"`
+	// ClusterAddrs are Redis Cluster seed nodes (host:port); default none.
+	ClusterAddrs []string `yaml:"cluster_addrs"`
+	// EmbeddedAddr is where the embedded Redis listens; default 127.0.0.1:6380.
+	EmbeddedAddr string `yaml:"embedded_addr"`
+}
+
+// WorkerConfig tunes one worker process.
+type WorkerConfig struct {
+	// Concurrency is how many tasks one process runs at once; default 10.
+	Concurrency int `yaml:"concurrency"`
+	// Queues maps queue name to priority (>= 1); default {default: 1}.
+	Queues map[string]int `yaml:"queues"`
+	// ShutdownTimeout bounds how long in-flight tasks may run after a
+	// shutdown signal; default 8s.
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+}
+
+// SemaphoreConfig configures the fleet-wide semaphore service.
+type SemaphoreConfig struct {
+	// Prefix starts every semaphore key in Redis; default "fleetcap:sem:".
+	Prefix string `yaml:"prefix"`
+	// DefaultTTL is the lease of a cap that sets no ttl; default 30s.
+	DefaultTTL time.Duration `yaml:"default_ttl"`
+}
+
+// MonitoringConfig configures the monitoring HTTP server.
+type MonitoringConfig struct {
+	// Addr is the listen address; default 127.0.0.1:8080.
+	Addr string `yaml:"addr"`
+	// AdminToken guards the admin endpoints; default "" (admin endpoints
+	// off). FLEETCAP_ADMIN_TOKEN overrides it.
+	AdminToken string `yaml:"admin_token"`
+	// AsynqmonReadOnly serves asynqmon without its mutating actions; default
+	// true.
+	AsynqmonReadOnly *bool `yaml:"asynqmon_read_only"`
+}
+
+// TaskConfig is the declaration of one task type.
+type TaskConfig struct {
+	// Queue is the asynq queue the task goes to; default "default". It must
+	// be one of worker.queues.
+	Queue string `yaml:"queue"`
+	// MaxRetry is asynq's retry budget; default 25 (asynq's default).
+	// Tasks requeued for a full semaphore do not spend it.
+	MaxRetry *int `yaml:"max_retry"`
+	// Timeout bounds one run of the handler; default 30m (asynq's default).
+	Timeout time.Duration `yaml:"timeout"`
+	// Semaphore is the task's fleet-wide cap; default none.
+	Semaphore *CapConfig `yaml:"semaphore"`
+	// Semaphores are several caps that must all be held (instead of
+	// Semaphore); default none.
+	Semaphores []CapConfig `yaml:"semaphores"`
+}
+
+// Mode says what a worker does when a task's semaphore is full.
+type Mode string
+
+// The cap modes.
+const (
+	// ModeRequeue tries once and, when full, puts the task back in its queue
+	// without counting a failure.
+	ModeRequeue Mode = "requeue"
+	// ModeWait waits up to the cap's wait_timeout for a seat, then requeues.
+	ModeWait Mode = "wait"
+)
+
+// LeaseLostPolicy says what happens to a running task whose lease is lost.
+type LeaseLostPolicy string
+
+// The lease-lost policies.
+const (
+	// LeaseLostCancel cancels the handler's context.
+	LeaseLostCancel LeaseLostPolicy = "cancel"
+	// LeaseLostContinue lets the handler finish; the loss is logged and
+	// counted.
+	LeaseLostContinue LeaseLostPolicy = "continue"
+)
+
+// CapConfig is one fleet-wide concurrency cap: a semaphore key and its
+// capacity, and how a task takes a seat.
+type CapConfig struct {
+	// Key names the semaphore; default the task type. It may be a template
+	// over the task's JSON payload such as "tenant:{tenant_id}" (see
+	// ParseKeyTemplate).
+	Key string `yaml:"key"`
+	// Capacity is the number of seats across the fleet (>= 1); required.
+	Capacity int `yaml:"capacity"`
+	// Mode is requeue or wait; default requeue.
+	Mode Mode `yaml:"mode"`
+	// TTL is the lease of a seat; default semaphore.default_ttl.
+	TTL time.Duration `yaml:"ttl"`
+	// WaitTimeout is how long mode wait waits for a seat; default 10s.
+	WaitTimeout time.Duration `yaml:"wait_timeout"`
+	// AutoRenew renews the lease while the task runs; default true.
+	AutoRenew *bool `yaml:"auto_renew"`
+	// OnLeaseLost is cancel or continue; default cancel.
+	OnLeaseLost LeaseLostPolicy `yaml:"on_lease_lost"`
+	// CapacityOverrides sets the capacity of single rendered keys of a
+	// templated Key, such as {"tenant:acme": 20}; default none.
+	CapacityOverrides map[string]int `yaml:"capacity_overrides"`
+}
+
+// Defaults of the config, as documented on the fields.
+const (
+	DefaultEmbeddedAddr    = "127.0.0.1:6380"
+	DefaultConcurrency     = 10
+	DefaultQueue           = "default"
+	DefaultShutdownTimeout = 8 * time.Second
+	DefaultSemaphorePrefix = "fleetcap:sem:"
+	DefaultSemaphoreTTL    = 30 * time.Second
+	DefaultMonitoringAddr  = "127.0.0.1:8080"
+	DefaultMaxRetry        = 25
+	DefaultTaskTimeout     = 30 * time.Minute
+	DefaultWaitTimeout     = 10 * time.Second
+)
+
+// Environment variables that override the config file in LoadConfig. An
+// empty value leaves the file's value in place.
+const (
+	EnvRedisURL   = "FLEETCAP_REDIS_URL"
+	EnvAdminToken = "FLEETCAP_ADMIN_TOKEN"
+)
+
+// LoadConfig reads the config file at path, applies the defaults and the
+// environment overrides (FLEETCAP_REDIS_URL, FLEETCAP_ADMIN_TOKEN) and
+// validates the result. A validation error names every bad field by its YAML
+// path, one per line.
+func LoadConfig(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	cfg, err := parseConfig(data, os.Getenv)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// ParseConfig parses a config file's contents, applies the defaults and
+// validates the result, like LoadConfig but without environment overrides.
+func ParseConfig(data []byte) (*Config, error) {
+	return parseConfig(data, nil)
+}
+
+// parseConfig decodes, applies defaults, then the environment (when getenv
+// is not nil), then validates.
+// Decoding errors and validation errors are reported together, except
+// validation errors about a field that did not decode.
+func parseConfig(data []byte, getenv func(string) string) (*Config, error) {
+	cfg, bad, err := decodeConfig(data)
+	if err != nil {
+		return nil, err
+	}
+	cfg.withDefaults()
+	if getenv != nil {
+		cfg.applyEnv(getenv)
+	}
+	errs := make([]error, 0, len(bad))
+	for _, e := range bad {
+		errs = append(errs, e)
+	}
+	for _, e := range cfg.fieldErrors() {
+		if !slices.ContainsFunc(bad, func(b fieldError) bool { return b.covers(e.path) }) {
+			errs = append(errs, e)
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return cfg, nil
+}
+
+// applyEnv lets non-empty environment variables override secrets and
+// addresses.
+func (c *Config) applyEnv(getenv func(string) string) {
+	if v := getenv(EnvRedisURL); v != "" {
+		c.Redis.URL = v
+	}
+	if v := getenv(EnvAdminToken); v != "" {
+		c.Monitoring.AdminToken = v
+	}
+}
+
+// TaskTypes returns the declared task types, sorted.
+func (c *Config) TaskTypes() []string {
+	types := make([]string, 0, len(c.Tasks))
+	for t := range c.Tasks {
+		types = append(types, t)
+	}
+	slices.Sort(types)
+	return types
+}
+
+// Caps returns the task's caps in declaration order: its one semaphore, or
+// its semaphores list, or none. Mode, wait_timeout, auto_renew and
+// on_lease_lost defaults are applied here; key and ttl defaults depend on the
+// task type and the semaphore section and are filled in by LoadConfig and
+// ParseConfig. The result is a copy.
+func (t TaskConfig) Caps() []CapConfig {
+	var caps []CapConfig
+	if t.Semaphore != nil {
+		caps = append(caps, *t.Semaphore)
+	}
+	caps = append(caps, t.Semaphores...)
+	for i := range caps {
+		caps[i] = caps[i].withDefaults("", 0)
+	}
+	return caps
+}
+
+// CapacityFor returns the capacity of the semaphore with the rendered key:
+// its capacity_overrides entry if there is one, else Capacity.
+func (c CapConfig) CapacityFor(renderedKey string) int {
+	if n, ok := c.CapacityOverrides[renderedKey]; ok {
+		return n
+	}
+	return c.Capacity
+}
+
+// KeyTemplate parses the cap's key (see ParseKeyTemplate).
+func (c CapConfig) KeyTemplate() (*KeyTemplate, error) {
+	return ParseKeyTemplate(c.Key)
+}
+
+// RenderKey returns the semaphore key for a task with this payload: the key
+// itself, or the key template rendered from the payload. An error means the
+// payload cannot be capped and the task must not run.
+func (c CapConfig) RenderKey(payload []byte) (string, error) {
+	kt, err := ParseKeyTemplate(c.Key)
+	if err != nil {
+		return "", err
+	}
+	return kt.Render(payload)
+}
+
+// AutoRenewEnabled reports whether the lease is renewed while the task runs
+// (auto_renew, default true).
+func (c CapConfig) AutoRenewEnabled() bool {
+	return c.AutoRenew == nil || *c.AutoRenew
+}
+
+// ReadOnly reports whether asynqmon is served read-only (default true).
+func (m MonitoringConfig) ReadOnly() bool {
+	return m.AsynqmonReadOnly == nil || *m.AsynqmonReadOnly
+}

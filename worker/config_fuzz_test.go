@@ -1,0 +1,87 @@
+package worker
+
+import (
+	"os"
+	"testing"
+)
+
+// FuzzParseConfig checks that no input panics, and that an accepted config
+// is valid and stable under a second round of defaults.
+func FuzzParseConfig(f *testing.F) {
+	if shipped, err := os.ReadFile("../config.yaml"); err == nil {
+		f.Add(shipped)
+	}
+	f.Add([]byte("tasks: {a: {semaphore: {key: \"t:{id}\", capacity: 2, capacity_overrides: {\"t:x\": 3}}}}\n"))
+	f.Add([]byte("worker: {concurrency: 2, shutdown_timeout: ten}\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, err := ParseConfig(data)
+		if err != nil {
+			if cfg != nil {
+				t.Fatalf("ParseConfig returned a config and an error: %v", err)
+			}
+			if err.Error() == "" {
+				t.Fatal("empty error message")
+			}
+			return
+		}
+		if err := cfg.validate(); err != nil {
+			t.Fatalf("accepted config does not validate: %v", err)
+		}
+		if cfg.Worker.Concurrency < 1 || len(cfg.Worker.Queues) == 0 || cfg.Semaphore.DefaultTTL <= 0 {
+			t.Fatalf("defaults missing: %v", cfg)
+		}
+		for _, typ := range cfg.TaskTypes() {
+			for _, c := range cfg.Tasks[typ].Caps() {
+				if c.Capacity < 1 || c.TTL <= 0 || c.Key == "" {
+					t.Fatalf("task %q: invalid cap accepted: %+v", typ, c)
+				}
+				if _, err := c.KeyTemplate(); err != nil {
+					t.Fatalf("task %q: bad key accepted: %v", typ, err)
+				}
+			}
+		}
+		if _, err := cfg.Redis.AsynqConnOpt(); err != nil {
+			t.Fatalf("accepted redis config has no connection: %v", err)
+		}
+	})
+}
+
+// FuzzKeyTemplateRender checks that parsing and rendering never panic, that
+// a plain key renders as itself, and that a rendered key is one the template
+// matches.
+func FuzzKeyTemplateRender(f *testing.F) {
+	f.Add("tenant:{tenant_id}", []byte(`{"tenant_id":"acme"}`))
+	f.Add("r:{customer.region}", []byte(`{"customer":{"region":"eu"}}`))
+	f.Add("n:{n}:{b}", []byte(`{"n":1.50,"b":true}`))
+	f.Add("legacy-api", []byte(`not json`))
+	f.Add("t:{a", []byte(`{}`))
+	f.Add("{a}", []byte(`{"a":null}`))
+	f.Fuzz(func(t *testing.T, key string, payload []byte) {
+		kt, err := ParseKeyTemplate(key)
+		if err != nil {
+			return
+		}
+		if kt.String() != key {
+			t.Fatalf("String() = %q, want %q", kt.String(), key)
+		}
+		got, err := kt.Render(payload)
+		if err != nil {
+			if !kt.IsTemplate() {
+				t.Fatalf("plain key %q failed to render: %v", key, err)
+			}
+			return
+		}
+		if !kt.IsTemplate() {
+			if got != key {
+				t.Fatalf("plain key %q rendered as %q", key, got)
+			}
+			return
+		}
+		if len(got) > MaxRenderedKeyLen {
+			t.Fatalf("rendered key is %d bytes", len(got))
+		}
+		if !kt.matches(got) {
+			t.Fatalf("template %q does not match its own rendering %q", key, got)
+		}
+	})
+}

@@ -1,0 +1,75 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+)
+
+// redacted replaces a secret in String and GoString output.
+const redacted = "xxxxx"
+
+// String formats the section with the URL's passwords masked, so that a
+// logged or printed config never shows them.
+func (r RedisConfig) String() string {
+	return fmt.Sprintf("{url:%s cluster_addrs:%v embedded_addr:%s}", redactURL(r.URL), r.ClusterAddrs, r.EmbeddedAddr)
+}
+
+// GoString is String for %#v.
+func (r RedisConfig) GoString() string {
+	return fmt.Sprintf("worker.RedisConfig{URL:%q, ClusterAddrs:%#v, EmbeddedAddr:%q}", redactURL(r.URL), r.ClusterAddrs, r.EmbeddedAddr)
+}
+
+// String formats the section with the admin token masked.
+func (m MonitoringConfig) String() string {
+	return fmt.Sprintf("{addr:%s admin_token:%s asynqmon_read_only:%t}", m.Addr, redactSecret(m.AdminToken), m.ReadOnly())
+}
+
+// GoString is String for %#v.
+func (m MonitoringConfig) GoString() string {
+	return fmt.Sprintf("worker.MonitoringConfig{Addr:%q, AdminToken:%q, AsynqmonReadOnly:%t}", m.Addr, redactSecret(m.AdminToken), m.ReadOnly())
+}
+
+// redactURL masks the password of a Redis URL (or a user name without a
+// password), its sentinel_password parameter and any unknown parameter. A URL that does not parse is hidden whole: its password could
+// be anywhere in it.
+func redactURL(raw string) string {
+	if raw == "" {
+		return ""
+	}
+	u, err := url.Parse(raw)
+	if err != nil || u.Opaque != "" {
+		return "(malformed URL hidden)"
+	}
+	if u.User != nil {
+		if _, hasPassword := u.User.Password(); !hasPassword {
+			// "redis://secret@host" is a common slip for ":secret@".
+			u.User = url.User(redacted)
+		}
+	}
+	if u.RawQuery != "" {
+		q, err := url.ParseQuery(u.RawQuery)
+		for k := range q {
+			switch k {
+			case "master", "db", "sentinel_username":
+			case "sentinel_password":
+				q.Set(k, redacted)
+			default:
+				err = errors.New("unknown parameter") // may be anything
+			}
+		}
+		u.RawQuery = q.Encode()
+		if err != nil {
+			u.RawQuery = redacted
+		}
+	}
+	u.Fragment, u.RawFragment = "", ""
+	return u.Redacted()
+}
+
+func redactSecret(s string) string {
+	if s == "" {
+		return ""
+	}
+	return redacted
+}

@@ -1,0 +1,329 @@
+package worker
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestLoadShippedConfig(t *testing.T) {
+	t.Setenv(EnvRedisURL, "")
+	t.Setenv(EnvAdminToken, "")
+	cfg, err := LoadConfig("../config.yaml")
+	if err != nil {
+		t.Fatalf("LoadConfig(config.yaml): %v", err)
+	}
+	if !cfg.Redis.Embedded() || cfg.Redis.EmbeddedAddr != "127.0.0.1:6380" {
+		t.Errorf("redis = %v, want embedded on 127.0.0.1:6380", cfg.Redis)
+	}
+	if got, want := cfg.TaskTypes(), []string{"report:fetch", "webhook:deliver"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("TaskTypes() = %q, want %q", got, want)
+	}
+	rf := cfg.Tasks["report:fetch"]
+	if rf.Queue != "default" || *rf.MaxRetry != 10 || rf.Timeout != 5*time.Minute {
+		t.Errorf("report:fetch = queue %q max_retry %d timeout %s", rf.Queue, *rf.MaxRetry, rf.Timeout)
+	}
+	want := CapConfig{
+		Key: "legacy-api", Capacity: 5, Mode: ModeRequeue, TTL: 60 * time.Second,
+		WaitTimeout: 10 * time.Second, AutoRenew: ptr(true), OnLeaseLost: LeaseLostCancel,
+	}
+	if caps := rf.Caps(); len(caps) != 1 || !reflect.DeepEqual(caps[0], want) {
+		t.Errorf("report:fetch caps = %+v, want [%+v]", caps, want)
+	}
+	caps := cfg.Tasks["webhook:deliver"].Caps()
+	if len(caps) != 2 || caps[1].Key != "tenant:{tenant_id}" || caps[1].CapacityFor("tenant:acme") != 4 || caps[1].CapacityFor("tenant:zeta") != 2 {
+		t.Errorf("webhook:deliver caps = %+v", caps)
+	}
+}
+
+func TestDefaults(t *testing.T) {
+	cfg, err := ParseConfig([]byte("tasks:\n  a:\n    semaphore: {capacity: 3}\n  b: {}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &Config{
+		Redis:      RedisConfig{EmbeddedAddr: "127.0.0.1:6380"},
+		Worker:     WorkerConfig{Concurrency: 10, Queues: map[string]int{"default": 1}, ShutdownTimeout: 8 * time.Second},
+		Semaphore:  SemaphoreConfig{Prefix: "fleetcap:sem:", DefaultTTL: 30 * time.Second},
+		Monitoring: MonitoringConfig{Addr: "127.0.0.1:8080", AsynqmonReadOnly: ptr(true)},
+		Tasks: map[string]TaskConfig{
+			"a": {Queue: "default", MaxRetry: ptr(25), Timeout: 30 * time.Minute, Semaphore: &CapConfig{
+				Key: "a", Capacity: 3, Mode: ModeRequeue, TTL: 30 * time.Second, WaitTimeout: 10 * time.Second,
+				AutoRenew: ptr(true), OnLeaseLost: LeaseLostCancel,
+			}},
+			"b": {Queue: "default", MaxRetry: ptr(25), Timeout: 30 * time.Minute},
+		},
+	}
+	if !reflect.DeepEqual(cfg, want) {
+		t.Errorf("ParseConfig:\n got %#v\nwant %#v", cfg, want)
+	}
+	if !cfg.Monitoring.ReadOnly() || !cfg.Tasks["a"].Caps()[0].AutoRenewEnabled() {
+		t.Error("read-only and auto-renew should default to true")
+	}
+	if caps := cfg.Tasks["b"].Caps(); len(caps) != 0 {
+		t.Errorf("b has caps %+v, want none", caps)
+	}
+}
+
+func TestEmptyConfigIsAllDefaults(t *testing.T) {
+	for _, in := range []string{"", "# nothing\n", "---\n"} {
+		cfg, err := ParseConfig([]byte(in))
+		if err != nil {
+			t.Fatalf("ParseConfig(%q): %v", in, err)
+		}
+		if cfg.Worker.Concurrency != 10 || !cfg.Redis.Embedded() {
+			t.Errorf("ParseConfig(%q) = %v", in, cfg)
+		}
+	}
+}
+
+func TestWithDefaultsIsIdempotentAndCopies(t *testing.T) {
+	shared := &CapConfig{Capacity: 2}
+	cfg := &Config{Tasks: map[string]TaskConfig{"x": {Semaphore: shared}}}
+	cfg.withDefaults()
+	first := cfg.Tasks["x"]
+	cfg.withDefaults()
+	if !reflect.DeepEqual(first, cfg.Tasks["x"]) {
+		t.Errorf("second withDefaults changed the task: %+v -> %+v", first, cfg.Tasks["x"])
+	}
+	if shared.Key != "" || shared.Mode != "" {
+		t.Errorf("withDefaults wrote through the caller's pointer: %+v", shared)
+	}
+	if err := cfg.validate(); err != nil {
+		t.Errorf("validate: %v", err)
+	}
+}
+
+func TestCapsAppliesLocalDefaults(t *testing.T) {
+	tc := TaskConfig{Semaphores: []CapConfig{{Key: "k", Capacity: 1}, {Key: "j", Capacity: 2, Mode: ModeWait}}}
+	caps := tc.Caps()
+	if len(caps) != 2 || caps[0].Mode != ModeRequeue || caps[1].Mode != ModeWait || caps[0].WaitTimeout != 10*time.Second || caps[1].OnLeaseLost != LeaseLostCancel {
+		t.Errorf("Caps() = %+v", caps)
+	}
+	caps[0].Key = "changed"
+	if tc.Semaphores[0].Key != "k" {
+		t.Error("Caps() shares its slice with the task")
+	}
+}
+
+func TestEnvOverrides(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	writeFile(t, path, "redis: {url: \"redis://file:6379\"}\nmonitoring: {admin_token: from-file}\n")
+
+	t.Setenv(EnvRedisURL, "")
+	t.Setenv(EnvAdminToken, "")
+	cfg, err := LoadConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Redis.URL != "redis://file:6379" || cfg.Monitoring.AdminToken != "from-file" {
+		t.Errorf("without env: url %q token %q", cfg.Redis.URL, cfg.Monitoring.AdminToken)
+	}
+
+	t.Setenv(EnvRedisURL, "rediss://env:6380/2")
+	t.Setenv(EnvAdminToken, "from-env")
+	cfg, err = LoadConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Redis.URL != "rediss://env:6380/2" || cfg.Monitoring.AdminToken != "from-env" {
+		t.Errorf("with env: url %q token %q", cfg.Redis.URL, cfg.Monitoring.AdminToken)
+	}
+
+	// ParseConfig ignores the environment.
+	cfg, err = ParseConfig([]byte("redis: {url: \"redis://file:6379\"}\n"))
+	if err != nil || cfg.Redis.URL != "redis://file:6379" {
+		t.Errorf("ParseConfig read the environment: %v %v", cfg, err)
+	}
+
+	// An overriding URL is validated like one from the file.
+	t.Setenv(EnvRedisURL, "http://env:6379")
+	if _, err := LoadConfig(path); err == nil || !strings.Contains(err.Error(), "redis.url: unsupported scheme") {
+		t.Errorf("bad FLEETCAP_REDIS_URL: err = %v", err)
+	}
+}
+
+func TestLoadConfigMissingFile(t *testing.T) {
+	_, err := LoadConfig(filepath.Join(t.TempDir(), "nope.yaml"))
+	if err == nil || !strings.Contains(err.Error(), "nope.yaml") {
+		t.Errorf("err = %v, want one naming the file", err)
+	}
+}
+
+// TestBadConfigs checks that each bad config fails with a message naming
+// the field by its YAML path.
+func TestBadConfigs(t *testing.T) {
+	const task = "tasks:\n  report:fetch:\n    semaphore:\n      key: legacy-api\n      capacity: 5\n"
+	tests := []struct {
+		name string
+		yaml string
+		want []string // substrings of the error
+	}{
+		{"unknown top-level field", "redis: {}\nworkers: {}\n", []string{"workers: unknown field (line 2)"}},
+		{"unknown nested field", "worker: {concurency: 3}\n", []string{"worker.concurency: unknown field"}},
+		{"unknown cap field", task + "      capacty: 5\n", []string{`tasks["report:fetch"].semaphore.capacty: unknown field (line 6)`}},
+		{"capacity zero", "tasks:\n  report:fetch:\n    semaphore: {key: k, capacity: 0}\n", []string{`tasks["report:fetch"].semaphore.capacity: must be >= 1, got 0`}},
+		{"capacity missing", "tasks:\n  a:\n    semaphore: {key: k}\n", []string{`tasks["a"].semaphore.capacity: must be >= 1, got 0`}},
+		{"capacity not a number", "tasks:\n  a:\n    semaphore: {capacity: five}\n", []string{`tasks["a"].semaphore.capacity: want an integer, got "five" (line 3)`}},
+		{"key with two capacities", "tasks:\n  a: {semaphore: {key: shared, capacity: 5}}\n  b: {semaphores: [{key: shared, capacity: 3}]}\n",
+			[]string{`tasks["b"].semaphores[0].capacity: key "shared" has capacity 3 here but 5 in tasks["a"].semaphore`}},
+		{"template with two capacities", "tasks:\n  a: {semaphore: {key: \"t:{id}\", capacity: 5}}\n  b: {semaphore: {key: \"t:{id}\", capacity: 3}}\n",
+			[]string{`tasks["b"].semaphore.capacity: key "t:{id}" has capacity 3 here but 5`}},
+		{"default key clashes", "tasks:\n  a: {semaphore: {capacity: 5}}\n  b: {semaphore: {key: a, capacity: 3}}\n",
+			[]string{`tasks["b"].semaphore.capacity: key "a" has capacity 3 here but 5 in tasks["a"].semaphore`}},
+		{"bad duration string", task + "      ttl: ten\n", []string{`tasks["report:fetch"].semaphore.ttl: want a duration such as "30s" or "5m", got "ten" (line 6)`}},
+		{"duration without unit", "worker: {shutdown_timeout: 30}\n", []string{`worker.shutdown_timeout: want a duration such as "30s" or "5m", got "30"`}},
+		{"negative ttl", task + "      ttl: -5s\n", []string{`tasks["report:fetch"].semaphore.ttl: must be at least 1ms, got -5s`}},
+		{"negative default ttl", "semaphore: {default_ttl: -1s}\n", []string{"semaphore.default_ttl: must be at least 1ms, got -1s"}},
+		{"negative wait_timeout", task + "      wait_timeout: -1s\n", []string{`tasks["report:fetch"].semaphore.wait_timeout: must not be negative, got -1s`}},
+		{"negative shutdown_timeout", "worker: {shutdown_timeout: -2s}\n", []string{"worker.shutdown_timeout: must not be negative, got -2s"}},
+		{"negative task timeout", "tasks: {a: {timeout: -1m}}\n", []string{`tasks["a"].timeout: must not be negative, got -1m0s`}},
+		{"unknown mode", task + "      mode: block\n", []string{`tasks["report:fetch"].semaphore.mode: must be "requeue" or "wait", got "block"`}},
+		{"unknown on_lease_lost", task + "      on_lease_lost: panic\n", []string{`tasks["report:fetch"].semaphore.on_lease_lost: must be "cancel" or "continue", got "panic"`}},
+		{"auto_renew not a bool", task + "      auto_renew: maybe\n", []string{`tasks["report:fetch"].semaphore.auto_renew: want true or false, got "maybe"`}},
+		{"semaphore and semaphores", "tasks:\n  a:\n    semaphore: {key: k, capacity: 1}\n    semaphores: [{key: j, capacity: 1}]\n", []string{`tasks["a"]: set either semaphore or semaphores, not both`}},
+		{"concurrency zero", "worker: {concurrency: 0}\n", nil}, // 0 means the default
+		{"concurrency negative", "worker: {concurrency: -1}\n", []string{"worker.concurrency: must be >= 1, got -1"}},
+		{"empty queue name", "worker: {queues: {\"\": 1}}\n", []string{`worker.queues[""]: queue name must not be empty`}},
+		{"priority zero", "worker: {queues: {default: 0}}\n", []string{`worker.queues["default"]: priority must be >= 1, got 0`}},
+		{"task queue not served", "tasks: {a: {queue: reports}}\n", []string{`tasks["a"].queue: "reports" is not one of worker.queues ["default"]`}},
+		{"url and cluster", "redis: {url: \"redis://h:6379\", cluster_addrs: [\"h:7000\"]}\n", []string{"redis: set either url"}},
+		{"url scheme", "redis: {url: \"http://h:6379\"}\n", []string{`redis.url: unsupported scheme "http"`}},
+		{"url db", "redis: {url: \"redis://h:6379/x\"}\n", []string{"redis.url: the database number must be a non-negative integer"}},
+		{"cluster addr", "redis: {cluster_addrs: [\"h:7000\", \"nope\"]}\n", []string{`redis.cluster_addrs[1]: want host:port, got "nope"`}},
+		{"embedded addr", "redis: {embedded_addr: \"localhost\"}\n", []string{`redis.embedded_addr: want host:port`}},
+		{"monitoring addr", "monitoring: {addr: \"localhost:http\"}\n", []string{`monitoring.addr: port must be a number`}},
+		{"negative max_retry", "tasks: {a: {max_retry: -1}}\n", []string{`tasks["a"].max_retry: must be >= 0, got -1`}},
+		{"override below one", "tasks: {a: {semaphore: {key: \"t:{id}\", capacity: 2, capacity_overrides: {\"t:x\": 0}}}}\n",
+			[]string{`tasks["a"].semaphore.capacity_overrides["t:x"]: must be >= 1, got 0`}},
+		{"override not rendered by template", "tasks: {a: {semaphore: {key: \"t:{id}\", capacity: 2, capacity_overrides: {\"u:x\": 3}}}}\n",
+			[]string{`tasks["a"].semaphore.capacity_overrides["u:x"]: "u:x" is not a key that template "t:{id}" renders`}},
+		{"override on plain key", "tasks: {a: {semaphore: {key: k, capacity: 2, capacity_overrides: {k: 3}}}}\n",
+			[]string{`tasks["a"].semaphore.capacity_overrides: only a key template`}},
+		{"same key twice in a task", "tasks: {a: {semaphores: [{key: \"t:{id}\", capacity: 1}, {key: \"t:{id}\", capacity: 1}]}}\n",
+			[]string{`tasks["a"].semaphores[1].key: "t:{id}" is also the key of tasks["a"].semaphores[0]`}},
+		{"unbalanced template", "tasks: {a: {semaphore: {key: \"t:{id\", capacity: 1}}}\n", []string{`tasks["a"].semaphore.key: key "t:{id": unbalanced "{" at offset 2`}},
+		{"empty template field", "tasks: {a: {semaphore: {key: \"t:{}\", capacity: 1}}}\n", []string{`tasks["a"].semaphore.key: key "t:{}": field {} at offset 2: empty field name`}},
+		{"prefix with braces", "semaphore: {prefix: \"a{b}:\"}\n", []string{"semaphore.prefix: must not contain"}},
+		{"field set twice", "worker: {concurrency: 2, concurrency: 3}\n", []string{"worker.concurrency: set twice"}},
+		{"task set twice", "tasks:\n  a: {}\n  a: {}\n", []string{`tasks["a"]: set twice (first on line 2)`}},
+		{"section not a mapping", "worker: [1, 2]\n", []string{"worker: want a mapping, got a list (line 1)"}},
+		{"list not a list", "redis: {cluster_addrs: \"h:1\"}\n", []string{`redis.cluster_addrs: want a list, got "h:1"`}},
+		{"top level not a mapping", "- a\n", []string{"top level: want a mapping"}},
+		{"syntax error", "worker: {concurrency: 2\n", []string{"cannot parse YAML"}},
+		{"two documents", "worker: {}\n---\nworker: {}\n", []string{"more than one YAML document"}},
+		{"empty task type", "tasks: {\"\": {}}\n", []string{`tasks[""]: task type must not be empty`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ParseConfig([]byte(tt.yaml))
+			if len(tt.want) == 0 {
+				if err != nil {
+					t.Fatalf("ParseConfig: %v, want no error", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("ParseConfig succeeded, want an error with %q", tt.want)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error\n%v\ndoes not contain\n%s", err, w)
+				}
+			}
+		})
+	}
+}
+
+// TestAllErrorsReported checks that decoding and validation errors are
+// reported together, each once.
+func TestAllErrorsReported(t *testing.T) {
+	in := `
+worker:
+  concurrency: -3
+  shutdown_timeout: soon
+tasks:
+  a:
+    semaphore:
+      capacity: lots
+      mode: sometimes
+`
+	_, err := ParseConfig([]byte(in))
+	if err == nil {
+		t.Fatal("no error")
+	}
+	lines := strings.Split(err.Error(), "\n")
+	want := []string{
+		`worker.shutdown_timeout: want a duration such as "30s" or "5m", got "soon" (line 4)`,
+		`tasks["a"].semaphore.capacity: want an integer, got "lots" (line 8)`,
+		`worker.concurrency: must be >= 1, got -3`,
+		`tasks["a"].semaphore.mode: must be "requeue" or "wait", got "sometimes"`,
+	}
+	if !reflect.DeepEqual(lines, want) {
+		t.Errorf("errors:\n%s\nwant:\n%s", err, strings.Join(want, "\n"))
+	}
+}
+
+func TestAliasesAndMerges(t *testing.T) {
+	in := `
+x-cap: &cap {capacity: 3, ttl: 45s}
+tasks:
+  a: {semaphore: {<<: *cap, key: shared}}
+  b: {semaphore: {<<: *cap, key: shared}}
+`
+	// x-cap is not a field: aliases only help inside known fields.
+	if _, err := ParseConfig([]byte(in)); err == nil || !strings.Contains(err.Error(), "x-cap: unknown field") {
+		t.Fatalf("err = %v", err)
+	}
+	in = `
+tasks:
+  a: {semaphore: &cap {key: shared, capacity: 3, ttl: 45s}}
+  b: {semaphore: *cap}
+  c: {semaphore: {<<: *cap, mode: wait}}
+`
+	cfg, err := ParseConfig([]byte(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := cfg.Tasks["c"].Caps()[0]; c.Key != "shared" || c.TTL != 45*time.Second || c.Mode != ModeWait {
+		t.Errorf("merged cap = %+v", c)
+	}
+	in = `
+tasks:
+  a: {semaphore: &cap {key: shared, capacity: 3}}
+  b: {semaphore: {<<: *cap, bogus: 1}}
+`
+	if _, err := ParseConfig([]byte(in)); err == nil || !strings.Contains(err.Error(), `tasks["b"].semaphore.bogus: unknown field`) {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestBillionLaughs(t *testing.T) {
+	// Nine levels of nine aliases each, inside a known field: the walk that
+	// names bad fields must not expand them all.
+	in := "redis:\n  cluster_addrs:\n  - &a [x, x, x, x, x, x, x, x, x]\n"
+	prev := "a"
+	for _, name := range []string{"b", "c", "d", "e", "f", "g", "h", "i"} {
+		in += "  - &" + name + " [" + strings.Repeat("*"+prev+", ", 8) + "*" + prev + "]\n"
+		prev = name
+	}
+	start := time.Now()
+	_, err := ParseConfig([]byte(in))
+	if err == nil {
+		t.Fatal("no error")
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("ParseConfig took %s", d)
+	}
+	t.Log(err)
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}

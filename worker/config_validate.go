@@ -1,0 +1,227 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// validate checks a config with its defaults applied. It reports every
+// problem, each naming its field by YAML path, joined with errors.Join.
+func (c *Config) validate() error {
+	return errors.Join(asErrors(c.fieldErrors())...)
+}
+
+// fieldErrors returns every validation problem of the config.
+func (c *Config) fieldErrors() []fieldError {
+	v := &validator{}
+	c.validateRedis(v)
+	c.validateWorker(v)
+	c.validateSemaphore(v)
+	c.validateMonitoring(v)
+	c.validateTasks(v)
+	return v.errs
+}
+
+// validator collects field errors.
+type validator struct{ errs []fieldError }
+
+func (v *validator) add(field, format string, args ...any) {
+	v.errs = append(v.errs, fieldError{path: field, msg: fmt.Sprintf(format, args...)})
+}
+
+func (c *Config) validateRedis(v *validator) {
+	r := c.Redis
+	if r.URL != "" && len(r.ClusterAddrs) > 0 {
+		v.add("redis", "set either url (or %s) or cluster_addrs, not both", EnvRedisURL)
+	}
+	if r.URL != "" {
+		if _, err := parseRedisURL(r.URL); err != nil {
+			v.add("redis.url", "%v", err)
+		}
+	}
+	for i, a := range r.ClusterAddrs {
+		if err := checkHostPort(a); err != nil {
+			v.add(fmt.Sprintf("redis.cluster_addrs[%d]", i), "%v", err)
+		}
+	}
+	if r.Embedded() {
+		if err := checkHostPort(r.EmbeddedAddr); err != nil {
+			v.add("redis.embedded_addr", "%v", err)
+		}
+	}
+}
+
+func (c *Config) validateWorker(v *validator) {
+	w := c.Worker
+	if w.Concurrency < 1 {
+		v.add("worker.concurrency", "must be >= 1, got %d", w.Concurrency)
+	}
+	for _, q := range sortedKeys(w.Queues) {
+		field := fmt.Sprintf("worker.queues[%s]", strconv.Quote(q))
+		if strings.TrimSpace(q) == "" {
+			v.add(field, "queue name must not be empty")
+		}
+		if p := w.Queues[q]; p < 1 {
+			v.add(field, "priority must be >= 1, got %d", p)
+		}
+	}
+	if w.ShutdownTimeout < 0 {
+		v.add("worker.shutdown_timeout", "must not be negative, got %s", w.ShutdownTimeout)
+	}
+}
+
+func (c *Config) validateSemaphore(v *validator) {
+	s := c.Semaphore
+	if strings.ContainsAny(s.Prefix, "{}") {
+		v.add("semaphore.prefix", "must not contain \"{\" or \"}\" (they would break the keys' hash tag), got %q", s.Prefix)
+	}
+	if s.DefaultTTL < minTTL {
+		v.add("semaphore.default_ttl", "must be at least %s, got %s", minTTL, s.DefaultTTL)
+	}
+}
+
+func (c *Config) validateMonitoring(v *validator) {
+	if err := checkHostPort(c.Monitoring.Addr); err != nil {
+		v.add("monitoring.addr", "%v", err)
+	}
+}
+
+// minTTL is the shortest lease: Redis expires keys in milliseconds.
+const minTTL = time.Millisecond
+
+// declaredCap remembers where a key's capacity was first declared.
+type declaredCap struct {
+	field     string
+	capacity  int
+	overrides map[string]int
+}
+
+func (c *Config) validateTasks(v *validator) {
+	keys := map[string]declaredCap{} // key or key template -> first declaration
+	for _, typ := range c.TaskTypes() {
+		t := c.Tasks[typ]
+		field := fmt.Sprintf("tasks[%s]", strconv.Quote(typ))
+		if strings.TrimSpace(typ) == "" {
+			v.add(field, "task type must not be empty")
+		}
+		if _, ok := c.Worker.Queues[t.Queue]; !ok {
+			v.add(field+".queue", "%q is not one of worker.queues %q", t.Queue, sortedKeys(c.Worker.Queues))
+		}
+		if t.MaxRetry != nil && *t.MaxRetry < 0 {
+			v.add(field+".max_retry", "must be >= 0, got %d", *t.MaxRetry)
+		}
+		if t.Timeout < 0 {
+			v.add(field+".timeout", "must not be negative, got %s", t.Timeout)
+		}
+		if t.Semaphore != nil && len(t.Semaphores) > 0 {
+			v.add(field, "set either semaphore or semaphores, not both")
+		}
+
+		var capFields []string
+		if t.Semaphore != nil {
+			capFields = append(capFields, field+".semaphore")
+		}
+		for i := range t.Semaphores {
+			capFields = append(capFields, fmt.Sprintf("%s.semaphores[%d]", field, i))
+		}
+		inTask := map[string]string{} // key -> field, within this task
+		for i, cp := range t.Caps() {
+			f := capFields[i]
+			cp.validate(v, f)
+			if prev, dup := inTask[cp.Key]; dup {
+				v.add(f+".key", "%q is also the key of %s; a task cannot hold two seats of one semaphore", cp.Key, prev)
+				continue
+			}
+			inTask[cp.Key] = f
+			checkConsistent(v, keys, f, cp)
+		}
+	}
+}
+
+// validate checks one cap at field.
+func (cp CapConfig) validate(v *validator, field string) {
+	kt, err := ParseKeyTemplate(cp.Key)
+	if err != nil {
+		v.add(field+".key", "%v", err)
+	}
+	if cp.Capacity < 1 {
+		v.add(field+".capacity", "must be >= 1, got %d", cp.Capacity)
+	}
+	switch cp.Mode {
+	case ModeRequeue, ModeWait:
+	default:
+		v.add(field+".mode", "must be %q or %q, got %q", ModeRequeue, ModeWait, cp.Mode)
+	}
+	if cp.TTL < minTTL {
+		v.add(field+".ttl", "must be at least %s, got %s", minTTL, cp.TTL)
+	}
+	if cp.WaitTimeout < 0 {
+		v.add(field+".wait_timeout", "must not be negative, got %s", cp.WaitTimeout)
+	}
+	switch cp.OnLeaseLost {
+	case LeaseLostCancel, LeaseLostContinue:
+	default:
+		v.add(field+".on_lease_lost", "must be %q or %q, got %q", LeaseLostCancel, LeaseLostContinue, cp.OnLeaseLost)
+	}
+	if len(cp.CapacityOverrides) > 0 && kt != nil && !kt.IsTemplate() {
+		v.add(field+".capacity_overrides", "only a key template such as \"tenant:{tenant_id}\" can have overrides; key %q is plain", cp.Key)
+	}
+	for _, k := range sortedKeys(cp.CapacityOverrides) {
+		f := fmt.Sprintf("%s.capacity_overrides[%s]", field, strconv.Quote(k))
+		if n := cp.CapacityOverrides[k]; n < 1 {
+			v.add(f, "must be >= 1, got %d", n)
+		}
+		if kt != nil && kt.IsTemplate() && !kt.matches(k) {
+			v.add(f, "%q is not a key that template %q renders", k, cp.Key)
+		}
+	}
+}
+
+// checkConsistent reports a key (or key template) declared twice with
+// different capacities: every worker must agree on a semaphore's size.
+func checkConsistent(v *validator, keys map[string]declaredCap, field string, cp CapConfig) {
+	prev, seen := keys[cp.Key]
+	if !seen {
+		keys[cp.Key] = declaredCap{field: field, capacity: cp.Capacity, overrides: cp.CapacityOverrides}
+		return
+	}
+	if prev.capacity != cp.Capacity {
+		v.add(field+".capacity", "key %q has capacity %d here but %d in %s", cp.Key, cp.Capacity, prev.capacity, prev.field)
+	}
+	for _, k := range sortedKeys(cp.CapacityOverrides) {
+		if n, ok := prev.overrides[k]; !ok || n != cp.CapacityOverrides[k] {
+			v.add(fmt.Sprintf("%s.capacity_overrides[%s]", field, strconv.Quote(k)), "key %q has a different capacity override in %s", k, prev.field)
+		}
+	}
+	for _, k := range sortedKeys(prev.overrides) {
+		if _, ok := cp.CapacityOverrides[k]; !ok {
+			v.add(field+".capacity_overrides", "%s overrides key %q but this cap does not", prev.field, k)
+		}
+	}
+}
+
+// checkHostPort checks a host:port address.
+func checkHostPort(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("want host:port, got %q", addr)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("port must be a number in 1..65535, got %q", port)
+	}
+	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
