@@ -1,0 +1,280 @@
+package worker
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+)
+
+// Embedded reports whether the config asks for the embedded Redis: neither
+// url nor cluster_addrs is set.
+func (r RedisConfig) Embedded() bool {
+	return r.URL == "" && len(r.ClusterAddrs) == 0
+}
+
+// AsynqConnOpt returns asynq's connection options for the configured Redis.
+// Unlike asynq.ParseRedisURI it keeps the URL's username (Redis ACLs).
+func (r RedisConfig) AsynqConnOpt() (asynq.RedisConnOpt, error) {
+	t, err := r.target()
+	if err != nil {
+		return nil, err
+	}
+	switch t.kind {
+	case kindSentinel:
+		return asynq.RedisFailoverClientOpt{
+			MasterName:       t.master,
+			SentinelAddrs:    t.addrs,
+			SentinelUsername: t.sentinelUsername,
+			SentinelPassword: t.sentinelPassword,
+			Username:         t.username,
+			Password:         t.password,
+			DB:               t.db,
+			TLSConfig:        t.tlsConfig(),
+		}, nil
+	case kindCluster:
+		return asynq.RedisClusterClientOpt{Addrs: t.addrs}, nil
+	default:
+		return asynq.RedisClientOpt{
+			Addr:      t.addrs[0],
+			Username:  t.username,
+			Password:  t.password,
+			DB:        t.db,
+			TLSConfig: t.tlsConfig(),
+		}, nil
+	}
+}
+
+// NewClient returns a go-redis client for the configured Redis, with the
+// same settings as AsynqConnOpt. The caller closes it.
+func (r RedisConfig) NewClient() (redis.UniversalClient, error) {
+	t, err := r.target()
+	if err != nil {
+		return nil, err
+	}
+	switch t.kind {
+	case kindSentinel:
+		return redis.NewFailoverClient(&redis.FailoverOptions{
+			MasterName:       t.master,
+			SentinelAddrs:    t.addrs,
+			SentinelUsername: t.sentinelUsername,
+			SentinelPassword: t.sentinelPassword,
+			Username:         t.username,
+			Password:         t.password,
+			DB:               t.db,
+			TLSConfig:        t.tlsConfig(),
+		}), nil
+	case kindCluster:
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: t.addrs}), nil
+	default:
+		return redis.NewClient(&redis.Options{
+			Addr:      t.addrs[0],
+			Username:  t.username,
+			Password:  t.password,
+			DB:        t.db,
+			TLSConfig: t.tlsConfig(),
+		}), nil
+	}
+}
+
+// StartEmbedded starts an in-process Redis (miniredis) listening on addr,
+// for trying fleetcap out without a Redis server. The caller closes it.
+func StartEmbedded(addr string) (*miniredis.Miniredis, error) {
+	m := miniredis.NewMiniRedis()
+	if err := m.StartAddr(addr); err != nil {
+		return nil, fmt.Errorf("embedded redis on %s: %w", addr, err)
+	}
+	return m, nil
+}
+
+type targetKind int
+
+const (
+	kindSingle targetKind = iota // one server; also the embedded Redis
+	kindSentinel
+	kindCluster
+)
+
+// redisTarget is a parsed connection setting.
+type redisTarget struct {
+	kind               targetKind
+	addrs              []string // the server, the sentinels or the cluster seeds
+	username, password string
+	db                 int
+	tls                bool
+	serverName         string // TLS server name
+	master             string // sentinel master name
+	sentinelUsername   string
+	sentinelPassword   string
+}
+
+func (t redisTarget) tlsConfig() *tls.Config {
+	if !t.tls {
+		return nil
+	}
+	return &tls.Config{ServerName: t.serverName, MinVersion: tls.VersionTLS12}
+}
+
+// target parses the config into one connection setting.
+func (r RedisConfig) target() (redisTarget, error) {
+	switch {
+	case r.URL != "" && len(r.ClusterAddrs) > 0:
+		return redisTarget{}, errors.New("redis: set either url or cluster_addrs, not both")
+	case len(r.ClusterAddrs) > 0:
+		return redisTarget{kind: kindCluster, addrs: append([]string(nil), r.ClusterAddrs...)}, nil
+	case r.URL != "":
+		t, err := parseRedisURL(r.URL)
+		if err != nil {
+			return redisTarget{}, fmt.Errorf("redis.url: %w", err)
+		}
+		return t, nil
+	}
+	addr := r.EmbeddedAddr
+	if addr == "" {
+		addr = DefaultEmbeddedAddr
+	}
+	return redisTarget{kind: kindSingle, addrs: []string{addr}}, nil
+}
+
+// urlShape is the accepted URL syntax, quoted in errors instead of the URL
+// (which may hold a password).
+const urlShape = "redis[s]://[user:password@]host[:port][/db] or redis-sentinel://[user:password@]host:port[,host:port...]/master[?db=N]"
+
+// parseRedisURL parses a redis://, rediss:// or redis-sentinel:// URL. Its
+// errors never quote the URL or any part of it but the scheme, since
+// a mistyped URL may put the password anywhere.
+func parseRedisURL(raw string) (redisTarget, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return redisTarget{}, fmt.Errorf("not a valid URL; want %s", urlShape)
+	}
+	var t redisTarget
+	switch u.Scheme {
+	case "redis", "rediss":
+		t, err = parseServerURL(u)
+	case "redis-sentinel":
+		t, err = parseSentinelURL(u)
+	case "":
+		return redisTarget{}, fmt.Errorf("missing scheme; want %s", urlShape)
+	default:
+		return redisTarget{}, fmt.Errorf("unsupported scheme %q; want redis, rediss or redis-sentinel", u.Scheme)
+	}
+	if err != nil {
+		return redisTarget{}, err
+	}
+	if u.User != nil {
+		t.username = u.User.Username()
+		t.password, _ = u.User.Password()
+	}
+	return t, nil
+}
+
+// parseServerURL parses redis://[user:password@]host[:port][/db].
+func parseServerURL(u *url.URL) (redisTarget, error) {
+	if u.Opaque != "" || u.Host == "" {
+		return redisTarget{}, fmt.Errorf("missing host; want %s", urlShape)
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return redisTarget{}, errors.New("query parameters and fragments are not supported in redis:// and rediss:// URLs")
+	}
+	addr, err := hostPortDefault(u.Host, "6379")
+	if err != nil {
+		return redisTarget{}, err
+	}
+	t := redisTarget{kind: kindSingle, addrs: []string{addr}}
+	if p := strings.Trim(u.Path, "/"); p != "" {
+		if t.db, err = parseDB(p); err != nil {
+			return redisTarget{}, err
+		}
+	}
+	if u.Scheme == "rediss" {
+		t.tls = true
+		t.serverName = u.Hostname()
+	}
+	return t, nil
+}
+
+// parseSentinelURL parses
+// redis-sentinel://[user:password@]host:port[,host:port...]/master[?db=N].
+// The user and password authenticate to the master and replicas; the query
+// parameters sentinel_username and sentinel_password to the sentinels.
+// master may also be given as ?master=NAME, as asynq.ParseRedisURI reads it.
+func parseSentinelURL(u *url.URL) (redisTarget, error) {
+	if u.Opaque != "" || u.Host == "" {
+		return redisTarget{}, fmt.Errorf("missing sentinel addresses; want %s", urlShape)
+	}
+	t := redisTarget{kind: kindSentinel}
+	for h := range strings.SplitSeq(u.Host, ",") {
+		addr, err := hostPortDefault(h, "26379")
+		if err != nil {
+			return redisTarget{}, fmt.Errorf("sentinel address: %w", err)
+		}
+		t.addrs = append(t.addrs, addr)
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil || u.Fragment != "" {
+		return redisTarget{}, errors.New("malformed query; allowed parameters: master, db, sentinel_username, sentinel_password")
+	}
+	for name := range q {
+		switch name {
+		case "master", "db", "sentinel_username", "sentinel_password":
+		default:
+			return redisTarget{}, errors.New("unsupported query parameter; allowed: master, db, sentinel_username, sentinel_password")
+		}
+	}
+	t.master = strings.Trim(u.Path, "/")
+	if m := q.Get("master"); m != "" {
+		if t.master != "" && t.master != m {
+			return redisTarget{}, errors.New("the master name is given twice, in the path and in ?master=")
+		}
+		t.master = m
+	}
+	if t.master == "" || strings.Contains(t.master, "/") {
+		return redisTarget{}, fmt.Errorf("want one master name as the path; want %s", urlShape)
+	}
+	if d := q.Get("db"); d != "" {
+		if t.db, err = parseDB(d); err != nil {
+			return redisTarget{}, err
+		}
+	}
+	t.sentinelUsername = q.Get("sentinel_username")
+	t.sentinelPassword = q.Get("sentinel_password")
+	return t, nil
+}
+
+// hostPortDefault checks host[:port] and adds the default port.
+func hostPortDefault(hostport, defaultPort string) (string, error) {
+	host, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		// No port: a host name, an IPv4 address or an IPv6 address in brackets.
+		host, port = hostport, defaultPort
+		if strings.HasPrefix(host, "[") && strings.HasSuffix(host, "]") {
+			host = host[1 : len(host)-1]
+		} else if strings.Contains(host, ":") {
+			return "", errors.New("malformed host:port")
+		}
+	}
+	if host == "" || strings.ContainsAny(host, "[]/@ ") {
+		return "", errors.New("malformed host")
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return "", errors.New("port must be a number in 1..65535")
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
+// parseDB parses a database number.
+func parseDB(s string) (int, error) {
+	db, err := strconv.Atoi(s)
+	if err != nil || db < 0 || db > 1<<20 {
+		return 0, errors.New("the database number must be a non-negative integer")
+	}
+	return db, nil
+}

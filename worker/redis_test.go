@@ -1,0 +1,297 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+)
+
+func TestAsynqConnOpt(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  RedisConfig
+		want asynq.RedisConnOpt
+	}{
+		{"embedded", RedisConfig{EmbeddedAddr: "127.0.0.1:6390"}, asynq.RedisClientOpt{Addr: "127.0.0.1:6390"}},
+		{"plain", RedisConfig{URL: "redis://h:6379"}, asynq.RedisClientOpt{Addr: "h:6379"}},
+		{"default port", RedisConfig{URL: "redis://h"}, asynq.RedisClientOpt{Addr: "h:6379"}},
+		{"user password db", RedisConfig{URL: "redis://alice:pw@h:7000/3"},
+			asynq.RedisClientOpt{Addr: "h:7000", Username: "alice", Password: "pw", DB: 3}},
+		{"password only", RedisConfig{URL: "redis://:pw@h:7000/"}, asynq.RedisClientOpt{Addr: "h:7000", Password: "pw"}},
+		{"escaped password", RedisConfig{URL: "redis://u:p%40ss%2Fw@h"}, asynq.RedisClientOpt{Addr: "h:6379", Username: "u", Password: "p@ss/w"}},
+		{"ipv6", RedisConfig{URL: "redis://[::1]:6380"}, asynq.RedisClientOpt{Addr: "[::1]:6380"}},
+		{"ipv6 default port", RedisConfig{URL: "redis://[::1]"}, asynq.RedisClientOpt{Addr: "[::1]:6379"}},
+		{"sentinel", RedisConfig{URL: "redis-sentinel://u:pw@s1:26379,s2:26380/mymaster?db=2"},
+			asynq.RedisFailoverClientOpt{MasterName: "mymaster", SentinelAddrs: []string{"s1:26379", "s2:26380"}, Username: "u", Password: "pw", DB: 2}},
+		{"sentinel asynq style", RedisConfig{URL: "redis-sentinel://s1?master=m&sentinel_username=su&sentinel_password=sp"},
+			asynq.RedisFailoverClientOpt{MasterName: "m", SentinelAddrs: []string{"s1:26379"}, SentinelUsername: "su", SentinelPassword: "sp"}},
+		{"cluster", RedisConfig{ClusterAddrs: []string{"c1:7000", "c2:7001"}}, asynq.RedisClusterClientOpt{Addrs: []string{"c1:7000", "c2:7001"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := tt.cfg.AsynqConnOpt()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("AsynqConnOpt() = %#v\nwant %#v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestAsynqConnOptTLS(t *testing.T) {
+	opt, err := RedisConfig{URL: "rediss://alice:pw@cache.example.com:6380/1"}.AsynqConnOpt()
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := opt.(asynq.RedisClientOpt)
+	if o.TLSConfig == nil || o.TLSConfig.ServerName != "cache.example.com" || o.Username != "alice" || o.DB != 1 {
+		t.Errorf("rediss: %#v", o)
+	}
+	c, err := RedisConfig{URL: "rediss://cache.example.com"}.NewClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if tc := c.(*redis.Client).Options().TLSConfig; tc == nil || tc.ServerName != "cache.example.com" {
+		t.Errorf("NewClient TLS config = %#v", tc)
+	}
+}
+
+func TestNewClientKinds(t *testing.T) {
+	for _, tt := range []struct {
+		cfg  RedisConfig
+		want any
+	}{
+		{RedisConfig{EmbeddedAddr: "127.0.0.1:1"}, &redis.Client{}},
+		{RedisConfig{URL: "redis://h"}, &redis.Client{}},
+		{RedisConfig{URL: "redis-sentinel://s1/m"}, &redis.Client{}}, // a failover client is a *redis.Client
+		{RedisConfig{ClusterAddrs: []string{"c:1"}}, &redis.ClusterClient{}},
+	} {
+		c, err := tt.cfg.NewClient()
+		if err != nil {
+			t.Fatalf("%v: %v", tt.cfg, err)
+		}
+		if reflect.TypeOf(c) != reflect.TypeOf(tt.want) {
+			t.Errorf("%v: NewClient() is a %T, want %T", tt.cfg, c, tt.want)
+		}
+		_ = c.Close()
+	}
+}
+
+func TestEmbedded(t *testing.T) {
+	for cfg, want := range map[*RedisConfig]bool{
+		{}:                              true,
+		{EmbeddedAddr: "x:1"}:           true,
+		{URL: "redis://h"}:              false,
+		{ClusterAddrs: []string{"h:1"}}: false,
+	} {
+		if got := cfg.Embedded(); got != want {
+			t.Errorf("%v.Embedded() = %t, want %t", *cfg, got, want)
+		}
+	}
+}
+
+// TestSecretsNeverShown checks that a password never appears in an error
+// or in a printed config.
+func TestSecretsNeverShown(t *testing.T) {
+	const secret = "s3cret"
+	bad := []string{
+		"http://alice:s3cret@h:6379",
+		"redis://alice:s3cret@h:notaport",
+		"redis://alice:s3cret@h:6379/notadb",
+		"redis://alice:s3cret@h:6379/0?timeout=s3cret",
+		"redis://alice:s3cret@",
+		"redis://alice:s3/cret@h:6379", // unescaped '/' splits the password
+		"redis://alice:s3?cret@h:6379", // so does '?'
+		"redis://alice:s3#cret@h:6379",
+		"redis://alice:s3cret@h:6379/0#frag",
+		"redis:alice:s3cret@h",
+		"alice:s3cret@h:6379",
+		"redis-sentinel://alice:s3cret@s1:26379",
+		"redis-sentinel://alice:s3cret@s1:26379/m?s3cret=1",
+		"redis-sentinel://alice:pw@s1:x/m?sentinel_password=s3cret",
+		"redis-sentinel://alice:s3cret@s1:26379/m?db=x",
+		"redis://alice:s3cret@h:6379\x7f",
+		"redis://alice:s3cret@[::1:6379",
+	}
+	for _, u := range bad {
+		cfg := RedisConfig{URL: u}
+		if _, err := cfg.AsynqConnOpt(); err == nil {
+			t.Errorf("AsynqConnOpt(%q): no error", u)
+		} else if strings.Contains(err.Error(), secret) || strings.Contains(err.Error(), "cret") {
+			t.Errorf("AsynqConnOpt(%q) error shows the password: %v", u, err)
+		}
+		if _, err := cfg.NewClient(); err == nil || strings.Contains(err.Error(), "cret") {
+			t.Errorf("NewClient(%q) error = %v", u, err)
+		}
+		_, err := ParseConfig(fmt.Appendf(nil, "redis: {url: %q, cluster_addrs: [\"h:1\"]}\n", u))
+		if err == nil || strings.Contains(err.Error(), "cret") {
+			t.Errorf("ParseConfig(url %q) error = %v", u, err)
+		}
+		if s := fmt.Sprintf("%v %+v %#v %s", cfg, cfg, cfg, cfg); strings.Contains(s, "cret") {
+			t.Errorf("printing RedisConfig{URL: %q} shows the password: %s", u, s)
+		}
+	}
+	// A type error on the url field must not echo it either.
+	if _, err := ParseConfig([]byte("redis: {url: !!int \"redis://alice:s3cret@h\"}\n")); err == nil || strings.Contains(err.Error(), secret) {
+		t.Errorf("ParseConfig(url !!int) error = %v", err)
+	}
+
+	in := `
+redis: {url: "redis-sentinel://alice:s3cret@s1:26379/m?sentinel_password=s3cret"}
+monitoring: {admin_token: s3cret}
+`
+	cfg, err := ParseConfig([]byte(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{
+		fmt.Sprintf("%v", cfg), fmt.Sprintf("%+v", cfg), fmt.Sprintf("%#v", cfg), fmt.Sprintf("%v", *cfg),
+		fmt.Sprint(cfg.Redis), fmt.Sprint(cfg.Monitoring),
+	} {
+		if strings.Contains(s, secret) {
+			t.Errorf("printed config shows a secret: %s", s)
+		}
+		if !strings.Contains(s, "alice") && !strings.Contains(s, "xxxxx") {
+			t.Errorf("printed config lost the user name or the mask: %s", s)
+		}
+	}
+	if s := fmt.Sprint(RedisConfig{URL: "redis://s3cret@h"}); strings.Contains(s, secret) {
+		t.Errorf("a user name that may be a password is shown: %s", s)
+	}
+}
+
+func TestRealRedisWithACLUser(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	admin := srv.Client()
+	if err := admin.Do(ctx, "ACL", "SETUSER", "alice", "on", ">s3cret", "~*", "&*", "+@all").Err(); err != nil {
+		t.Fatal(err)
+	}
+	// From now on only alice can log in: a client that drops the user name
+	// (as asynq.ParseRedisURI does) fails.
+	if err := admin.Do(ctx, "ACL", "SETUSER", "default", "off").Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg := RedisConfig{URL: "redis://alice:s3cret@" + srv.Addr() + "/3"}
+	rdb, err := cfg.NewClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	if err := rdb.Set(ctx, "fleetcap:test", "db3", 0).Err(); err != nil {
+		t.Fatalf("NewClient: %v", err)
+	}
+	check := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "alice", Password: "s3cret", DB: 3})
+	defer check.Close()
+	if v, err := check.Get(ctx, "fleetcap:test").Result(); err != nil || v != "db3" {
+		t.Errorf("GET in db 3 = %q, %v", v, err)
+	}
+
+	opt, err := cfg.AsynqConnOpt()
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := asynq.NewClient(opt)
+	defer client.Close()
+	info, err := client.EnqueueContext(ctx, asynq.NewTask("test:acl", []byte(`{}`)))
+	if err != nil {
+		t.Fatalf("asynq enqueue as alice: %v", err)
+	}
+	insp := asynq.NewInspector(opt)
+	defer insp.Close()
+	if got, err := insp.GetTaskInfo("default", info.ID); err != nil || got.Type != "test:acl" {
+		t.Errorf("inspector as alice: %v, %v", got, err)
+	}
+	if n, err := check.Exists(ctx, "asynq:{default}:t:"+info.ID).Result(); err != nil || n != 1 {
+		t.Errorf("the task is not in db 3: %d, %v", n, err)
+	}
+
+	// A wrong password fails without showing either password.
+	wrong, err := RedisConfig{URL: "redis://alice:n0tit@" + srv.Addr()}.NewClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wrong.Close()
+	err = wrong.Ping(ctx).Err()
+	if err == nil || strings.Contains(err.Error(), "n0tit") || strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("ping with a wrong password: %v", err)
+	}
+}
+
+func TestRealRedisCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts three redis-server processes")
+	}
+	cluster := redistest.StartCluster(t, 3)
+	cfg := RedisConfig{ClusterAddrs: cluster.Addrs()}
+	ctx := context.Background()
+	rdb, err := cfg.NewClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	for i := range 10 {
+		if err := rdb.Set(ctx, fmt.Sprintf("k%d", i), i, 0).Err(); err != nil {
+			t.Fatalf("SET on the cluster: %v", err)
+		}
+	}
+	opt, err := cfg.AsynqConnOpt()
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := asynq.NewClient(opt)
+	defer client.Close()
+	if _, err := client.EnqueueContext(ctx, asynq.NewTask("test:cluster", nil)); err != nil {
+		t.Fatalf("asynq enqueue on the cluster: %v", err)
+	}
+}
+
+func TestStartEmbedded(t *testing.T) {
+	addr := net.JoinHostPort("127.0.0.1", fmt.Sprint(redistest.FreePort(t)))
+	m, err := StartEmbedded(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if m.Addr() != addr {
+		t.Errorf("Addr() = %q, want %q", m.Addr(), addr)
+	}
+
+	cfg := RedisConfig{EmbeddedAddr: addr}
+	rdb, err := cfg.NewClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		t.Fatalf("ping the embedded redis: %v", err)
+	}
+
+	opt, err := cfg.AsynqConnOpt()
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := asynq.NewClient(opt)
+	defer client.Close()
+	if _, err := client.EnqueueContext(ctx, asynq.NewTask("test:embedded", []byte(`{}`))); err != nil {
+		t.Fatalf("asynq enqueue on the embedded redis: %v", err)
+	}
+
+	if _, err := StartEmbedded(addr); err == nil || !strings.Contains(err.Error(), addr) {
+		t.Errorf("second StartEmbedded on %s: err = %v, want address in use", addr, err)
+	}
+}
