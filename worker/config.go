@@ -159,6 +159,9 @@ func LoadConfig(path string) (*Config, error) {
 	}
 	cfg, err := parseConfig(data, os.Getenv)
 	if err != nil {
+		if joined, ok := err.(interface{ Unwrap() []error }); ok && len(joined.Unwrap()) > 1 {
+			return nil, fmt.Errorf("config %s: %d problems:\n%w", path, len(joined.Unwrap()), err)
+		}
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
 	return cfg, nil
@@ -171,8 +174,7 @@ func ParseConfig(data []byte) (*Config, error) {
 }
 
 // parseConfig decodes, applies defaults, then the environment (when getenv
-// is not nil), then validates.
-// Decoding errors and validation errors are reported together, except
+// is not nil), then validates. Decoding errors and validation errors are reported together, except
 // validation errors about a field that did not decode.
 func parseConfig(data []byte, getenv func(string) string) (*Config, error) {
 	cfg, bad, err := decodeConfig(data)

@@ -146,6 +146,16 @@ func TestEnvOverrides(t *testing.T) {
 	}
 }
 
+func TestLoadConfigListsProblems(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fleet.yaml")
+	writeFile(t, path, "worker: {concurrency: -1, shutdown_timeout: -1s}\n")
+	_, err := LoadConfig(path)
+	want := "config " + path + ": 2 problems:\nworker.concurrency: must be >= 1, got -1\nworker.shutdown_timeout: must not be negative, got -1s"
+	if err == nil || err.Error() != want {
+		t.Errorf("err = %v\nwant %s", err, want)
+	}
+}
+
 func TestLoadConfigMissingFile(t *testing.T) {
 	_, err := LoadConfig(filepath.Join(t.TempDir(), "nope.yaml"))
 	if err == nil || !strings.Contains(err.Error(), "nope.yaml") {
