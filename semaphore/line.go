@@ -226,6 +226,8 @@ func (l *line) run() {
 		}
 		res, _, err := l.tryHead(context.Background(), "")
 		switch {
+		case errors.Is(err, errNoWaiter):
+			delay = 0 // the last waiter just left: stopIfEmpty ends the line
 		case err != nil:
 			s.log.Warn("semaphore: acquire attempt failed", "key", l.key, "err", err)
 			l.failAll(ReasonError, err)

@@ -150,7 +150,12 @@ func (p *Permit) Extend(ctx context.Context, ttl time.Duration) error {
 		return fmt.Errorf("semaphore: extend script replied %d values", len(vals))
 	}
 	if vals[0] != 1 {
-		p.markLost()
+		p.mu.Lock()
+		released := p.released
+		p.mu.Unlock()
+		if !released {
+			p.markLost()
+		}
 		return fmt.Errorf("semaphore: extend %q permit %s: %w", p.key, p.id, ErrExtension)
 	}
 	p.mu.Lock()
@@ -173,11 +178,20 @@ func (p *Permit) IsHeld(ctx context.Context) (bool, error) {
 // markLost closes Lost once and tells the Observer.
 func (p *Permit) markLost() {
 	p.lostOnce.Do(func() {
-		close(p.lost)
+		// Renewal ends with the seat: stop it before anyone sees Lost.
 		p.mu.Lock()
+		cancel := p.renewCancel
+		p.renewCancel, p.renewDone = nil, nil
 		counted := p.counted
 		p.counted = false
 		p.mu.Unlock()
+		if cancel != nil {
+			cancel()
+			p.s.mu.Lock()
+			delete(p.s.renewing, p)
+			p.s.mu.Unlock()
+		}
+		close(p.lost)
 		p.s.log.Warn("semaphore: seat lost", "key", p.key, "permit", p.id)
 		if obs := p.s.obs; obs != nil {
 			obs.Lost(p.key)
@@ -186,6 +200,22 @@ func (p *Permit) markLost() {
 			}
 		}
 	})
+}
+
+// renewEnded clears the renewal state when the renewal goroutine ends by
+// itself (the seat is lost).
+func (p *Permit) renewEnded(done chan struct{}) {
+	p.mu.Lock()
+	mine := p.renewDone == done
+	if mine {
+		p.renewCancel, p.renewDone = nil, nil
+	}
+	p.mu.Unlock()
+	if mine {
+		p.s.mu.Lock()
+		delete(p.s.renewing, p)
+		p.s.mu.Unlock()
+	}
 }
 
 // IsAutoRenewing reports whether auto-renewal is running.
@@ -238,6 +268,7 @@ func (s *Service) startRenew(p *Permit) {
 // out, it closes Lost and stops.
 func (p *Permit) renew(ctx context.Context, done chan struct{}) {
 	defer close(done)
+	defer p.renewEnded(done)
 	interval := p.TTL() / 3
 	for {
 		t := time.NewTimer(interval)

@@ -188,7 +188,9 @@ func StartCluster(tb testing.TB, n int) *Cluster {
 	}
 	args := append([]string{"--cluster", "create"}, addrs...)
 	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
-	out, err := exec.Command("redis-cli", args...).CombinedOutput()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput()
 	if err != nil {
 		tb.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out)
 	}

@@ -1,0 +1,83 @@
+package semaphore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetcap/fleetcap/semaphore"
+)
+
+// At most 5 calls to the legacy API run at once across every process that
+// shares the Redis.
+func ExampleService_WithPermit() {
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	sem, err := semaphore.New(rdb, semaphore.Options{})
+	if err != nil {
+		panic(err)
+	}
+	defer sem.Close()
+
+	err = sem.WithPermit(context.Background(), "legacy-api", 5, func(ctx context.Context) error {
+		fmt.Println("calling the legacy API")
+		return nil
+	})
+	fmt.Println("err:", err)
+	// Output:
+	// calling the legacy API
+	// err: <nil>
+}
+
+// A long multi-step job holds its seat with a lease it renews, and gives up
+// when no seat frees within 10 seconds.
+func ExampleService_Acquire() {
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	sem, err := semaphore.New(rdb, semaphore.Options{})
+	if err != nil {
+		panic(err)
+	}
+	defer sem.Close()
+	ctx := context.Background()
+
+	permit, err := sem.Acquire(ctx, "report-export", 5,
+		semaphore.WithTTL(60*time.Second),
+		semaphore.WithWaitTimeout(10*time.Second),
+		semaphore.WithAutoRenew(),
+		semaphore.WithHolder("job-42"),
+	)
+	var aerr *semaphore.AcquisitionError
+	if errors.As(err, &aerr) {
+		fmt.Println("no seat:", aerr.Reason)
+		return
+	}
+	defer permit.Release(ctx)
+
+	holders, _ := sem.Holders(ctx, "report-export")
+	fmt.Println("held by:", holders[0].Label, "renewing:", permit.IsAutoRenewing())
+	// Output:
+	// held by: job-42 renewing: true
+}
+
+// TryAcquire skips this round instead of waiting when every seat is taken.
+func ExampleService_TryAcquire() {
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	sem, err := semaphore.New(rdb, semaphore.Options{})
+	if err != nil {
+		panic(err)
+	}
+	defer sem.Close()
+	ctx := context.Background()
+
+	first, _ := sem.TryAcquire(ctx, "licence-seat", 1)
+	second, err := sem.TryAcquire(ctx, "licence-seat", 1)
+	fmt.Println("first:", first != nil, "second:", second != nil, "err:", err)
+	_ = first.Release(ctx)
+	// Output:
+	// first: true second: false err: <nil>
+}

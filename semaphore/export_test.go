@@ -1,0 +1,14 @@
+package semaphore
+
+// LocalWaiters counts the Acquire calls of s waiting for key, for tests.
+func (s *Service) LocalWaiters(key string) int {
+	s.mu.Lock()
+	l := s.lines[key]
+	s.mu.Unlock()
+	if l == nil {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.waiters)
+}

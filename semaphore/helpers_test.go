@@ -1,0 +1,67 @@
+package semaphore_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetcap/fleetcap/semaphore"
+)
+
+var keySeq atomic.Int64
+
+// uniqueKey names a semaphore no other test uses.
+func uniqueKey(t *testing.T) string {
+	return fmt.Sprintf("%s-%d", t.Name(), keySeq.Add(1))
+}
+
+// newService returns a Service on its own client of srv, closed at test end.
+func newService(t *testing.T, rdb redis.UniversalClient, opts ...func(*semaphore.Options)) *semaphore.Service {
+	t.Helper()
+	var o semaphore.Options
+	for _, f := range opts {
+		f(&o)
+	}
+	s, err := semaphore.New(rdb, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// eventually waits for cond, failing the test after within.
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not true within %s: %s", within, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func mustAcquire(t *testing.T, s *semaphore.Service, key string, permits int, opts ...semaphore.AcquireOption) *semaphore.Permit {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p, err := s.Acquire(ctx, key, permits, opts...)
+	if err != nil {
+		t.Fatalf("acquire %s: %v", key, err)
+	}
+	return p
+}
+
+func used(t *testing.T, s *semaphore.Service, key string) int {
+	t.Helper()
+	n, err := s.UsedPermits(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

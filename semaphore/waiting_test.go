@@ -1,0 +1,167 @@
+package semaphore_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/semaphore"
+)
+
+// TestFirstComeFirstServed: waiters of two processes (Services on their
+// own clients) get a single seat in the order they came.
+func TestFirstComeFirstServed(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	a, b := newService(t, srv.Client()), newService(t, srv.Client())
+	key := uniqueKey(t)
+	holder := mustAcquire(t, newService(t, srv.Client()), key, 1)
+
+	var mu sync.Mutex
+	var order []int
+	var wg sync.WaitGroup
+	services := []*semaphore.Service{a, b, a, b, a, b}
+	for i, s := range services {
+		before := s.LocalWaiters(key)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p, err := s.Acquire(ctx, key, 1, semaphore.WithWaitTimeout(20*time.Second))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			if err := p.Release(ctx); err != nil {
+				t.Error(err)
+			}
+		}()
+		eventually(t, 5*time.Second, "waiter in line", func() bool { return s.LocalWaiters(key) == before+1 })
+	}
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	for i, got := range order {
+		if got != i {
+			t.Fatalf("served in order %v, want arrival order 0..%d", order, len(services)-1)
+		}
+	}
+}
+
+// TestWaiterWakesPromptly: a waiter whose backoff has grown long still
+// takes a seat within a few milliseconds of a release by another process,
+// a force-release, or a lease expiry. The bound (100 ms) is far above the
+// expected wake-up (about a millisecond) and far below the backoff the
+// waiter would otherwise sleep out (up to a second).
+func TestWaiterWakesPromptly(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	holders, waiters := newService(t, srv.Client()), newService(t, srv.Client())
+	const bound = 100 * time.Millisecond
+	const settle = 1200 * time.Millisecond // lets the waiter's backoff grow
+
+	free := map[string]func(key string, p *semaphore.Permit) time.Time{
+		"release": func(key string, p *semaphore.Permit) time.Time {
+			time.Sleep(settle)
+			if err := p.Release(ctx); err != nil {
+				t.Error(err)
+			}
+			return time.Now()
+		},
+		"force-release": func(key string, p *semaphore.Permit) time.Time {
+			time.Sleep(settle)
+			if _, err := holders.ForceReleaseAll(ctx, key); err != nil {
+				t.Error(err)
+			}
+			return time.Now()
+		},
+		"expiry": func(key string, p *semaphore.Permit) time.Time {
+			expires := p.ExpiresAt()
+			// The lease ends by the server's clock; loopback keeps ours close.
+			time.Sleep(time.Until(expires))
+			return expires
+		},
+	}
+	for name, freeSeat := range free {
+		t.Run(name, func(t *testing.T) {
+			key := uniqueKey(t)
+			ttl := 10 * time.Second
+			if name == "expiry" {
+				ttl = settle
+			}
+			p := mustAcquire(t, holders, key, 1, semaphore.WithTTL(ttl))
+			freed := make(chan time.Time, 1)
+			go func() { freed <- freeSeat(key, p) }()
+			q, err := waiters.Acquire(ctx, key, 1, semaphore.WithWaitTimeout(10*time.Second))
+			got := time.Now()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer q.Release(ctx)
+			at := <-freed
+			if lag := got.Sub(at); lag > bound {
+				t.Fatalf("waiter took the seat %s after the %s", lag, name)
+			}
+		})
+	}
+}
+
+// TestClusterCap runs the semaphore on a 3-master Redis Cluster: the cap
+// holds for several keys (in different slots) and waiters wake on release.
+func TestClusterCap(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	ctx := context.Background()
+	keys := []string{"alpha", "bravo", "charlie", "delta"}
+	const capacity = 3
+	var mu sync.Mutex
+	inflight := map[string]int{}
+	peak := map[string]int{}
+	var wg sync.WaitGroup
+	for range 2 {
+		s := newService(t, cluster.Client(t))
+		for g := range 12 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				key := keys[g%len(keys)]
+				for range 8 {
+					err := s.WithPermit(ctx, key, capacity, func(context.Context) error {
+						mu.Lock()
+						inflight[key]++
+						peak[key] = max(peak[key], inflight[key])
+						mu.Unlock()
+						time.Sleep(2 * time.Millisecond)
+						mu.Lock()
+						inflight[key]--
+						mu.Unlock()
+						return nil
+					}, semaphore.WithWaitTimeout(30*time.Second))
+					if err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	for _, k := range keys {
+		if peak[k] > capacity {
+			t.Fatalf("key %s: %d at once, capacity %d", k, peak[k], capacity)
+		}
+		if peak[k] < capacity {
+			t.Fatalf("key %s: never more than %d at once, capacity %d: waiters did not fill the seats", k, peak[k], capacity)
+		}
+	}
+	s := newService(t, cluster.Client(t))
+	for _, k := range keys {
+		if n := used(t, s, k); n != 0 {
+			t.Fatalf("key %s: %d seats left held", k, n)
+		}
+	}
+}
