@@ -55,9 +55,9 @@ type line struct {
 	// that simultaneous arrivals wait on
 	inflight int
 	probe    chan struct{}
-	kick    chan struct{}
-	grantMu sync.Mutex // one grant attempt in flight per line
-	queued  bool       // guarded by grantMu: our entry may stand in the fleet-wide line
+	kick     chan struct{}
+	grantMu  sync.Mutex // one grant attempt in flight per line
+	queued   bool       // guarded by grantMu: our entry may stand in the fleet-wide line
 }
 
 // arrive finds key's line for a new Acquire. When direct is not nil the
