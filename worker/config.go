@@ -40,6 +40,13 @@ type WorkerConfig struct {
 	// ShutdownTimeout bounds how long in-flight tasks may run after a
 	// shutdown signal; default 8s.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+	// TaskCheckInterval is how long an idle process waits before it looks
+	// for new tasks again (asynq polls); default 10ms. Lower wakes parked
+	// capped tasks sooner, higher costs Redis less while idle.
+	TaskCheckInterval time.Duration `yaml:"task_check_interval"`
+	// DelayedTaskCheckInterval is how often scheduled and retried tasks are
+	// moved to their queue; default 1s.
+	DelayedTaskCheckInterval time.Duration `yaml:"delayed_task_check_interval"`
 }
 
 // SemaphoreConfig configures the fleet-wide semaphore service.
@@ -122,6 +129,11 @@ type CapConfig struct {
 	AutoRenew *bool `yaml:"auto_renew"`
 	// OnLeaseLost is cancel or continue; default cancel.
 	OnLeaseLost LeaseLostPolicy `yaml:"on_lease_lost"`
+	// Standby is, in mode requeue, how many tasks of this cap one process
+	// keeps waiting for a seat instead of requeueing them, so that a freed
+	// seat is taken at once; default min(capacity, concurrency/2), 0 turns
+	// it off.
+	Standby *int `yaml:"standby"`
 	// CapacityOverrides sets the capacity of single rendered keys of a
 	// templated Key, such as {"tenant:acme": 20}; default none.
 	CapacityOverrides map[string]int `yaml:"capacity_overrides"`
@@ -139,6 +151,9 @@ const (
 	DefaultMaxRetry        = 25
 	DefaultTaskTimeout     = 30 * time.Minute
 	DefaultWaitTimeout     = 10 * time.Second
+
+	DefaultTaskCheckInterval        = 10 * time.Millisecond
+	DefaultDelayedTaskCheckInterval = time.Second
 )
 
 // Environment variables that override the config file in LoadConfig. An

@@ -22,6 +22,12 @@ func (c *Config) withDefaults() {
 	if c.Worker.ShutdownTimeout == 0 {
 		c.Worker.ShutdownTimeout = DefaultShutdownTimeout
 	}
+	if c.Worker.TaskCheckInterval == 0 {
+		c.Worker.TaskCheckInterval = DefaultTaskCheckInterval
+	}
+	if c.Worker.DelayedTaskCheckInterval == 0 {
+		c.Worker.DelayedTaskCheckInterval = DefaultDelayedTaskCheckInterval
+	}
 
 	if c.Semaphore.Prefix == "" {
 		c.Semaphore.Prefix = DefaultSemaphorePrefix
@@ -94,6 +100,9 @@ func (c CapConfig) withDefaults(typ string, defaultTTL time.Duration) CapConfig 
 	}
 	if c.OnLeaseLost == "" {
 		c.OnLeaseLost = LeaseLostCancel
+	}
+	if c.Standby != nil {
+		c.Standby = ptr(*c.Standby)
 	}
 	c.CapacityOverrides = maps.Clone(c.CapacityOverrides)
 	return c

@@ -73,6 +73,12 @@ func (c *Config) validateWorker(v *validator) {
 	if w.ShutdownTimeout < 0 {
 		v.add("worker.shutdown_timeout", "must not be negative, got %s", w.ShutdownTimeout)
 	}
+	if w.TaskCheckInterval < time.Millisecond {
+		v.add("worker.task_check_interval", "must be at least 1ms, got %s", w.TaskCheckInterval)
+	}
+	if w.DelayedTaskCheckInterval < 100*time.Millisecond {
+		v.add("worker.delayed_task_check_interval", "must be at least 100ms, got %s", w.DelayedTaskCheckInterval)
+	}
 }
 
 func (c *Config) validateSemaphore(v *validator) {
@@ -162,6 +168,9 @@ func (cp CapConfig) validate(v *validator, field string) {
 	}
 	if cp.WaitTimeout < 0 {
 		v.add(field+".wait_timeout", "must not be negative, got %s", cp.WaitTimeout)
+	}
+	if cp.Standby != nil && *cp.Standby < 0 {
+		v.add(field+".standby", "must not be negative, got %d", *cp.Standby)
 	}
 	switch cp.OnLeaseLost {
 	case LeaseLostCancel, LeaseLostContinue:

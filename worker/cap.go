@@ -1,0 +1,372 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/fleetcap/fleetcap/semaphore"
+)
+
+// capSpec is one declared cap, parsed.
+type capSpec struct {
+	CapConfig
+	tmpl    *KeyTemplate
+	standby int
+}
+
+// capTable holds the caps of every task type.
+type capTable struct {
+	byType map[string][]capSpec
+
+	mu       sync.Mutex
+	standing map[string]int // key -> tasks of this process in standby for it
+}
+
+func newCapTable(cfg *Config) (*capTable, error) {
+	t := &capTable{byType: map[string][]capSpec{}, standing: map[string]int{}}
+	for typ, tc := range cfg.Tasks {
+		for _, c := range tc.Caps() {
+			kt, err := c.KeyTemplate()
+			if err != nil {
+				return nil, fmt.Errorf("worker: task %q: %w", typ, err)
+			}
+			standby := min(c.Capacity, max(1, cfg.Worker.Concurrency/2))
+			if c.Standby != nil {
+				standby = *c.Standby
+			}
+			t.byType[typ] = append(t.byType[typ], capSpec{CapConfig: c, tmpl: kt, standby: standby})
+		}
+	}
+	return t, nil
+}
+
+func (t *capTable) types() []string {
+	var out []string
+	for typ := range t.byType {
+		out = append(out, typ)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// enterStandby takes a standby place of key if one is free.
+func (t *capTable) enterStandby(key string, limit int) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.standing[key] >= limit {
+		return false
+	}
+	t.standing[key]++
+	return true
+}
+
+func (t *capTable) leaveStandby(key string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.standing[key]--; t.standing[key] <= 0 {
+		delete(t.standing, key)
+	}
+}
+
+// seat is one cap of one task, its key rendered.
+type seat struct {
+	spec     capSpec
+	key      string
+	capacity int
+}
+
+// seatsFor renders the caps of a task, sorted by key: every task takes its
+// seats in the same order.
+func (w *Worker) seatsFor(specs []capSpec, t *asynq.Task) ([]seat, error) {
+	seats := make([]seat, 0, len(specs))
+	for _, s := range specs {
+		key, err := s.tmpl.Render(t.Payload())
+		if err != nil {
+			return nil, fmt.Errorf("semaphore key %q: %w", s.Key, err)
+		}
+		capacity := s.CapacityFor(key)
+		if s.tmpl.IsTemplate() {
+			w.recent.touch(key, s.Key, capacity)
+		}
+		seats = append(seats, seat{spec: s, key: key, capacity: capacity})
+	}
+	slices.SortFunc(seats, func(a, b seat) int { return compareStrings(a.key, b.key) })
+	return seats, nil
+}
+
+func compareStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// heldSeat is a seat a task holds while it runs.
+type heldSeat struct {
+	seat
+	permit *semaphore.Permit
+}
+
+// capped wraps h in the caps of taskType, if it has any.
+func (w *Worker) capped(taskType string, h asynq.Handler) asynq.Handler {
+	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		specs := w.caps.byType[taskType]
+		if len(specs) == 0 {
+			return h.ProcessTask(ctx, t)
+		}
+		seats, err := w.seatsFor(specs, t)
+		if err != nil {
+			// Never run a task without its cap: its payload is broken.
+			return fmt.Errorf("worker: task %s: %w: %w", taskType, err, asynq.SkipRetry)
+		}
+		held, rq := w.takeSeats(ctx, t, seats)
+		if rq != nil {
+			return w.requeue(ctx, taskType, t, rq)
+		}
+		return w.runHolding(ctx, taskType, t, h, held)
+	})
+}
+
+// requeueRequest says why and how a task goes back without a seat.
+type requeueRequest struct {
+	key  string
+	why  string
+	park bool // wake it when a seat of key frees
+	err  error
+}
+
+// takeSeats takes a seat of every cap, in key order. It never waits while it
+// holds a seat: when a cap is full it gives back what it took, then waits on
+// (mode wait, or a standby place in mode requeue) or gives up on that cap.
+func (w *Worker) takeSeats(ctx context.Context, t *asynq.Task, seats []seat) ([]heldSeat, *requeueRequest) {
+	taskID, _ := asynq.GetTaskID(ctx)
+	taken := make([]*semaphore.Permit, len(seats))
+	giveBack := func() {
+		for i, p := range taken {
+			if p != nil {
+				w.release(ctx, seats[i].key, p)
+				taken[i] = nil
+			}
+		}
+	}
+	var waitDeadline time.Time
+	for {
+		full := -1
+		for i, s := range seats {
+			if taken[i] != nil {
+				continue
+			}
+			p, err := w.sem.TryAcquire(ctx, s.key, s.capacity, w.permitOptions(s, taskID)...)
+			if err != nil {
+				giveBack()
+				return nil, w.acquireFailed(s.key, err)
+			}
+			if p == nil {
+				full = i
+				break
+			}
+			taken[i] = p
+		}
+		if full < 0 {
+			held := make([]heldSeat, len(seats))
+			for i, s := range seats {
+				held[i] = heldSeat{seat: s, permit: taken[i]}
+			}
+			return held, nil
+		}
+		giveBack()
+
+		s := seats[full]
+		standby := s.spec.Mode == ModeWait
+		if !standby {
+			if s.spec.standby == 0 || !w.caps.enterStandby(s.key, s.spec.standby) {
+				return nil, &requeueRequest{key: s.key, why: "full", park: true}
+			}
+		}
+		if waitDeadline.IsZero() {
+			waitDeadline = time.Now().Add(s.spec.WaitTimeout)
+		}
+		p, err := w.waitForSeat(ctx, s, taskID, time.Until(waitDeadline))
+		if !standby {
+			w.caps.leaveStandby(s.key)
+		}
+		if err != nil {
+			rq := w.acquireFailed(s.key, err)
+			if rq.why == "timeout" && !standby {
+				rq.why, rq.park = "full", true
+			}
+			return nil, rq
+		}
+		taken[full] = p
+	}
+}
+
+// waitForSeat waits up to budget for a seat of s.
+func (w *Worker) waitForSeat(ctx context.Context, s seat, taskID string, budget time.Duration) (*semaphore.Permit, error) {
+	if budget <= 0 {
+		return nil, &semaphore.AcquisitionError{Key: s.key, Reason: semaphore.ReasonTimeout}
+	}
+	if obs := w.opts.observer; obs != nil {
+		obs.Waiting(s.key, 1)
+		defer obs.Waiting(s.key, -1)
+	}
+	return w.sem.Acquire(ctx, s.key, s.capacity, append(w.permitOptions(s, taskID), semaphore.WithWaitTimeout(budget))...)
+}
+
+func (w *Worker) permitOptions(s seat, taskID string) []semaphore.AcquireOption {
+	opts := []semaphore.AcquireOption{semaphore.WithTTL(s.spec.TTL), semaphore.WithHolder(taskID)}
+	if s.spec.AutoRenewEnabled() {
+		opts = append(opts, semaphore.WithAutoRenew())
+	}
+	return opts
+}
+
+// acquireFailed turns a failed acquisition into a requeue request.
+func (w *Worker) acquireFailed(key string, err error) *requeueRequest {
+	var aerr *semaphore.AcquisitionError
+	if !errors.As(err, &aerr) {
+		return &requeueRequest{key: key, why: "error", err: err}
+	}
+	switch aerr.Reason {
+	case semaphore.ReasonTimeout, semaphore.ReasonExhausted:
+		return &requeueRequest{key: key, why: "timeout", park: true}
+	case semaphore.ReasonShutdown:
+		return &requeueRequest{key: key, why: "shutdown"}
+	case semaphore.ReasonCanceled:
+		return &requeueRequest{key: key, why: "canceled", err: err}
+	default:
+		return &requeueRequest{key: key, why: "error", err: err}
+	}
+}
+
+// release gives a seat back and wakes a task parked on its key.
+func (w *Worker) release(ctx context.Context, key string, p *semaphore.Permit) {
+	err := p.Release(context.WithoutCancel(ctx))
+	switch {
+	case errors.Is(err, semaphore.ErrPermitNotHeld):
+		w.log.Warn("worker: the seat was lost before the task ended: the cap was not held for the whole run; raise the cap's ttl or turn on auto_renew",
+			"key", key, "permit", p.ID())
+	case err != nil:
+		w.log.Warn("worker: release a seat (it lapses with its lease)", "key", key, "err", err)
+	}
+	go w.parking.wake(key)
+}
+
+// runHolding runs h while the task holds its seats, and releases them.
+func (w *Worker) runHolding(ctx context.Context, taskType string, t *asynq.Task, h asynq.Handler, held []heldSeat) error {
+	hctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := make(chan struct{})
+	var lostMu sync.Mutex
+	var lostKey string
+	var watchers sync.WaitGroup
+	for _, hs := range held {
+		watchers.Add(1)
+		go func() {
+			defer watchers.Done()
+			select {
+			case <-hs.permit.Lost():
+			case <-stop:
+				return
+			}
+			lostMu.Lock()
+			lostKey = hs.key
+			lostMu.Unlock()
+			if obs := w.opts.observer; obs != nil {
+				obs.LeaseLost(hs.key, taskType)
+			}
+			taskID, _ := asynq.GetTaskID(ctx)
+			if hs.spec.OnLeaseLost == LeaseLostContinue {
+				w.log.Warn("worker: lease lost; the task goes on (on_lease_lost: continue)", "key", hs.key, "type", taskType, "id", taskID)
+				return
+			}
+			w.log.Warn("worker: lease lost; cancelling the task", "key", hs.key, "type", taskType, "id", taskID)
+			cancel(fmt.Errorf("fleetcap: lease of %q lost", hs.key))
+		}()
+	}
+	err := h.ProcessTask(hctx, t)
+	close(stop)
+	watchers.Wait()
+	for _, hs := range held {
+		w.release(ctx, hs.key, hs.permit)
+	}
+	lostMu.Lock()
+	lost := lostKey
+	lostMu.Unlock()
+	if err != nil && lost != "" && context.Cause(hctx) != nil && ctx.Err() == nil {
+		// The task was stopped because its seat was lost, not because it
+		// failed: run it again once it has a seat.
+		return w.requeue(ctx, taskType, t, &requeueRequest{key: lost, why: "lease_lost", err: err})
+	}
+	return err
+}
+
+// requeue sends the task back to asynq without a failure. A task with no
+// retry left (max_retry 0, or its last retry) would be archived by asynq
+// whatever IsFailure says, so it is enqueued again as a copy and the
+// original is revoked.
+func (w *Worker) requeue(ctx context.Context, taskType string, t *asynq.Task, rq *requeueRequest) error {
+	if rq.why == "canceled" {
+		return rq.err // asynq is ending the task (deadline or shutdown)
+	}
+	if obs := w.opts.observer; obs != nil {
+		obs.Requeued(rq.key, taskType, rq.why)
+	}
+	delay := retryDelay
+	switch {
+	case rq.park:
+		delay = parkDelay
+	case rq.why == "error":
+		delay = outageDelay
+	}
+	queue, _ := asynq.GetQueueName(ctx)
+	taskID, _ := asynq.GetTaskID(ctx)
+	retried, _ := asynq.GetRetryCount(ctx)
+	maxRetry, _ := asynq.GetMaxRetry(ctx)
+	if retried >= maxRetry {
+		return w.requeueCopy(ctx, taskType, t, rq, queue, taskID, max(maxRetry-retried, 0), delay)
+	}
+	if rq.park {
+		if err := w.parking.park(ctx, rq.key, queue, taskID); err != nil {
+			w.log.Warn("worker: park a task (it comes back after its delay)", "key", rq.key, "id", taskID, "err", err)
+		}
+	}
+	return &RequeueError{Key: rq.key, Why: rq.why, Delay: delay, Err: rq.err}
+}
+
+// requeueCopy enqueues a copy of a task that has no retry left and revokes
+// the original.
+func (w *Worker) requeueCopy(ctx context.Context, taskType string, t *asynq.Task, rq *requeueRequest, queue, taskID string, retriesLeft int, delay time.Duration) error {
+	headers := make(map[string]string, len(t.Headers())+1)
+	for k, v := range t.Headers() {
+		headers[k] = v
+	}
+	headers[copiedHeader] = taskID
+	opts := []asynq.Option{asynq.Queue(queue), asynq.MaxRetry(retriesLeft), asynq.ProcessIn(delay)}
+	if tc, ok := w.cfg.Tasks[taskType]; ok && tc.Timeout > 0 {
+		opts = append(opts, asynq.Timeout(tc.Timeout))
+	}
+	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	info, err := w.client.EnqueueContext(ectx, asynq.NewTaskWithHeaders(t.Type(), t.Payload(), headers), opts...)
+	if err != nil {
+		return fmt.Errorf("fleetcap: no seat of %q and no retry left, and enqueueing a copy failed: %w", rq.key, err)
+	}
+	if rq.park {
+		if err := w.parking.park(ctx, rq.key, queue, info.ID); err != nil {
+			w.log.Warn("worker: park a task (it comes back after its delay)", "key", rq.key, "id", info.ID, "err", err)
+		}
+	}
+	w.log.Info("worker: no seat and no retry left: requeued as a copy", "key", rq.key, "id", taskID, "copy", info.ID, "why", rq.why)
+	return fmt.Errorf("fleetcap: no seat of %q (%s); requeued as task %s: %w", rq.key, rq.why, info.ID, asynq.RevokeTask)
+}

@@ -1,0 +1,290 @@
+// Package worker is fleetcap's framework: asynq workers whose task types
+// carry fleet-wide concurrency caps. Each capped task takes a leased seat of
+// its semaphore (package semaphore) before its handler runs; when the
+// semaphore is full the task waits or goes back to its queue without
+// counting as a failure, and is woken when a seat frees.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/fleetcap/fleetcap/semaphore"
+)
+
+// Observer receives what the worker reports beside the semaphore's own
+// events; monitoring.Metrics implements it.
+type Observer interface {
+	semaphore.Observer
+	// Requeued is called when a task goes back to its queue without a seat;
+	// why is "full", "timeout", "shutdown", "lease_lost" or "error".
+	Requeued(key, taskType, why string)
+	// LeaseLost is called when a running task's seat is lost.
+	LeaseLost(key, taskType string)
+	// Waiting is called with +1 when a task starts waiting in-process for a
+	// seat of key and -1 when it stops.
+	Waiting(key string, delta int)
+}
+
+// Option tunes New.
+type Option func(*options)
+
+type options struct {
+	observer Observer
+	logger   *slog.Logger
+	tracer   trace.TracerProvider
+}
+
+// WithObserver reports the worker's and the semaphore's events to obs.
+func WithObserver(obs Observer) Option { return func(o *options) { o.observer = obs } }
+
+// WithLogger sets the logger; default slog.Default().
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithTracerProvider sets the tracer provider of the semaphore.acquire
+// spans; default otel.GetTracerProvider().
+func WithTracerProvider(tp trace.TracerProvider) Option { return func(o *options) { o.tracer = tp } }
+
+// Worker is one fleet member: an asynq server whose handlers are wrapped in
+// the fleet-wide caps of config.yaml.
+type Worker struct {
+	cfg  *Config
+	opts options
+	log  *slog.Logger
+
+	embedded *miniredis.Miniredis // nil unless redis.url and cluster_addrs are empty
+	connOpt  asynq.RedisConnOpt
+	rdb      redis.UniversalClient
+	sem      *semaphore.Service
+	insp     *asynq.Inspector
+	client   *asynq.Client
+	mux      *asynq.ServeMux
+	caps     *capTable
+	parking  *parking
+	recent   *recentKeys
+
+	mu          sync.Mutex
+	middlewares []asynq.MiddlewareFunc
+	ran         bool
+	closeOnce   sync.Once
+}
+
+// New builds a worker from cfg (as LoadConfig returns it; a Config built in
+// code gets its defaults and is validated here). With the embedded default
+// it starts the in-process Redis now.
+func New(cfg *Config, opts ...Option) (*Worker, error) {
+	if cfg == nil {
+		return nil, errors.New("worker: New: nil config")
+	}
+	cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	w := &Worker{cfg: cfg, mux: asynq.NewServeMux(), recent: newRecentKeys()}
+	for _, o := range opts {
+		o(&w.opts)
+	}
+	if w.opts.logger == nil {
+		w.opts.logger = slog.Default()
+	}
+	if w.opts.tracer == nil {
+		w.opts.tracer = otel.GetTracerProvider()
+	}
+	w.log = w.opts.logger
+	caps, err := newCapTable(cfg)
+	if err != nil {
+		return nil, err
+	}
+	w.caps = caps
+
+	if cfg.Redis.Embedded() {
+		mr, err := StartEmbedded(cfg.Redis.EmbeddedAddr)
+		if err != nil {
+			return nil, err
+		}
+		w.embedded = mr
+	}
+	if err := w.connect(); err != nil {
+		w.Close()
+		return nil, err
+	}
+	return w, nil
+}
+
+func (w *Worker) connect() error {
+	var err error
+	if w.connOpt, err = w.cfg.Redis.AsynqConnOpt(); err != nil {
+		return err
+	}
+	if w.rdb, err = w.cfg.Redis.NewClient(); err != nil {
+		return err
+	}
+	var obs semaphore.Observer
+	if w.opts.observer != nil {
+		obs = w.opts.observer
+	}
+	w.sem, err = semaphore.New(w.rdb, semaphore.Options{
+		Prefix:         w.cfg.Semaphore.Prefix,
+		DefaultTTL:     w.cfg.Semaphore.DefaultTTL,
+		Logger:         w.log,
+		TracerProvider: w.opts.tracer,
+		Observer:       obs,
+	})
+	if err != nil {
+		return err
+	}
+	w.insp = asynq.NewInspector(w.connOpt)
+	w.client = asynq.NewClient(w.connOpt)
+	w.parking = &parking{rdb: w.rdb, insp: w.insp, prefix: w.cfg.Semaphore.Prefix, log: w.log}
+	return nil
+}
+
+// Handle registers the handler of a task type. If the type is capped in the
+// config, the cap wraps the handler.
+func (w *Worker) Handle(taskType string, h asynq.Handler) {
+	w.mux.Handle(taskType, w.capped(taskType, h))
+}
+
+// HandleFunc registers a handler function for a task type.
+func (w *Worker) HandleFunc(taskType string, fn func(ctx context.Context, t *asynq.Task) error) {
+	w.Handle(taskType, asynq.HandlerFunc(fn))
+}
+
+// Use adds middleware that runs around every handler, outside the caps (so
+// that a tracing middleware sees the seat taken inside its span).
+func (w *Worker) Use(mws ...asynq.MiddlewareFunc) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.middlewares = append(w.middlewares, mws...)
+}
+
+// SetCaps declares (or replaces) the caps of a task type in code, as
+// config.yaml would. Call it before Handle for that type and before Run.
+func (w *Worker) SetCaps(taskType string, caps ...CapConfig) error {
+	if w.cfg.Tasks == nil {
+		w.cfg.Tasks = map[string]TaskConfig{}
+	}
+	old, had := w.cfg.Tasks[taskType]
+	t := old
+	t.Semaphore, t.Semaphores = nil, caps
+	w.cfg.Tasks[taskType] = t
+	w.cfg.withDefaults()
+	table, err := newCapTable(w.cfg)
+	if err == nil {
+		err = w.cfg.validate()
+	}
+	if err != nil {
+		if had {
+			w.cfg.Tasks[taskType] = old
+		} else {
+			delete(w.cfg.Tasks, taskType)
+		}
+		return err
+	}
+	w.caps = table
+	return nil
+}
+
+// Semaphore is the worker's semaphore service (for monitoring).
+func (w *Worker) Semaphore() *semaphore.Service { return w.sem }
+
+// RedisConnOpt is the worker's asynq connection (for monitoring).
+func (w *Worker) RedisConnOpt() asynq.RedisConnOpt { return w.connOpt }
+
+// Inspector is the worker's asynq inspector (for monitoring).
+func (w *Worker) Inspector() *asynq.Inspector { return w.insp }
+
+// Ping checks that Redis answers.
+func (w *Worker) Ping(ctx context.Context) error { return w.rdb.Ping(ctx).Err() }
+
+// Config is the worker's config, defaults applied.
+func (w *Worker) Config() *Config { return w.cfg }
+
+// Close frees what New opened; Run calls it when it returns.
+func (w *Worker) Close() {
+	w.closeOnce.Do(func() {
+		if w.sem != nil {
+			_ = w.sem.Close()
+		}
+		if w.client != nil {
+			_ = w.client.Close()
+		}
+		if w.insp != nil {
+			_ = w.insp.Close()
+		}
+		if w.rdb != nil {
+			_ = w.rdb.Close()
+		}
+		if w.embedded != nil {
+			w.embedded.Close()
+		}
+	})
+}
+
+// Run serves tasks until ctx is done, then shuts down gracefully: it stops
+// fetching, closes the semaphore service (waiting tasks requeue, renewal
+// stops), lets in-flight work finish within worker.shutdown_timeout, and
+// leaves still-held leases to lapse. It can be called once.
+func (w *Worker) Run(ctx context.Context) error {
+	w.mu.Lock()
+	if w.ran {
+		w.mu.Unlock()
+		return errors.New("worker: Run called twice")
+	}
+	w.ran = true
+	mws := append([]asynq.MiddlewareFunc(nil), w.middlewares...)
+	w.mu.Unlock()
+	defer w.Close()
+
+	if err := w.Ping(ctx); err != nil {
+		return fmt.Errorf("worker: redis: %w", err)
+	}
+	srv := asynq.NewServer(w.connOpt, w.asynqConfig())
+	handler := asynq.Handler(w.mux)
+	for i := len(mws) - 1; i >= 0; i-- {
+		handler = mws[i](handler)
+	}
+	if err := srv.Start(handler); err != nil {
+		return fmt.Errorf("worker: start: %w", err)
+	}
+	w.log.Info("worker: serving", "queues", w.cfg.Worker.Queues, "concurrency", w.cfg.Worker.Concurrency,
+		"capped_task_types", w.caps.types(), "embedded_redis", w.embedded != nil)
+	<-ctx.Done()
+	w.log.Info("worker: shutting down", "timeout", w.cfg.Worker.ShutdownTimeout)
+	srv.Stop()        // no new tasks
+	_ = w.sem.Close() // waiters abort and requeue; renewal stops
+	srv.Shutdown()    // in-flight work finishes or is requeued by asynq
+	w.log.Info("worker: stopped")
+	return nil
+}
+
+// asynqConfig is the asynq server config: requeues for a seat are not
+// failures and come back after the delay the requeue asks for.
+func (w *Worker) asynqConfig() asynq.Config {
+	return asynq.Config{
+		Concurrency:              w.cfg.Worker.Concurrency,
+		Queues:                   w.cfg.Worker.Queues,
+		ShutdownTimeout:          w.cfg.Worker.ShutdownTimeout,
+		TaskCheckInterval:        w.cfg.Worker.TaskCheckInterval,
+		DelayedTaskCheckInterval: w.cfg.Worker.DelayedTaskCheckInterval,
+		IsFailure:                IsFailure,
+		RetryDelayFunc:           RetryDelay,
+		Logger:                   newAsynqLogger(w.log),
+		LogLevel:                 asynq.WarnLevel,
+		ErrorHandler: asynq.ErrorHandlerFunc(func(ctx context.Context, t *asynq.Task, err error) {
+			if IsFailure(err) {
+				id, _ := asynq.GetTaskID(ctx)
+				w.log.Warn("worker: task failed", "type", t.Type(), "id", id, "err", err)
+			}
+		}),
+	}
+}
