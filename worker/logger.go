@@ -9,7 +9,9 @@ import (
 // asynqLogger writes asynq's log lines to slog.
 type asynqLogger struct{ log *slog.Logger }
 
-func newAsynqLogger(l *slog.Logger) *asynqLogger { return &asynqLogger{log: l.With("component", "asynq")} }
+func newAsynqLogger(l *slog.Logger) *asynqLogger {
+	return &asynqLogger{log: l.With("component", "asynq")}
+}
 
 func (a *asynqLogger) Debug(args ...any) { a.log.Debug(fmt.Sprint(args...)) }
 func (a *asynqLogger) Info(args ...any)  { a.log.Info(fmt.Sprint(args...)) }
