@@ -47,7 +47,7 @@ func (s *Service) TryAcquire(ctx context.Context, key string, permits int, opts 
 			return nil, 0, &AcquisitionError{Key: key, Reason: ReasonCanceled, Err: err}
 		}
 		req := s.newRequest(key, permits, cfg)
-		res, err := s.attempt(ctx, req, "", "", "", "")
+		res, err := s.attempt(req, "", "", "", "")
 		if err != nil {
 			return nil, 1, &AcquisitionError{Key: key, Reason: ReasonError, Attempts: 1, Err: err}
 		}
@@ -131,25 +131,26 @@ func (s *Service) newRequest(key string, permits int, cfg acquireConfig) request
 // attemptResult is acquire.lua's reply.
 type attemptResult struct {
 	permitID  string
+	member    string // the permit's member of holders
 	granted   bool
 	now       time.Time // server time
 	released  int       // 1 held, 0 lost, -1 no release asked
 	earliest  time.Time // soonest lease expiry when not granted; zero if none
+	other     int64     // ticket of the first other entry in line, 0 if none
 	nowMicros int64
 	sent      time.Time // local time the call was sent
 }
 
 // attempt runs acquire.lua once. entry is the waiting-line entry ("" for a
 // one-shot try), ticket and next the head's and the following waiter's
-// tickets, releaseID a permit to hand over.
-func (s *Service) attempt(ctx context.Context, req request, entry, ticket, next, releaseID string) (attemptResult, error) {
+// tickets, release the member of a seat of ours to hand over.
+func (s *Service) attempt(req request, entry, ticket, next, release string) (attemptResult, error) {
 	res := attemptResult{permitID: randomID(), sent: time.Now()}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
-	defer cancel()
+	res.member = member(res.permitID, req.cfg.holder)
 	k := req.k
-	vals, err := acquireScript.Run(ctx, s.rdb, []string{k.holders, k.labels, k.queue, k.qexp},
-		res.permitID, req.cfg.ttl.Milliseconds(), req.capacity, req.cfg.holder,
-		entry, ticket, next, lineEntryTTL.Milliseconds(), releaseID, s.wakePrefix(), req.key,
+	vals, err := s.batch.run(acquireScript, []string{k.holders, k.queue, k.qexp},
+		res.member, req.cfg.ttl.Milliseconds(), req.capacity,
+		entry, ticket, next, lineEntryTTL.Milliseconds(), release, s.wakePrefix(), req.key,
 	).Slice()
 	if err != nil {
 		return res, err
@@ -157,19 +158,10 @@ func (s *Service) attempt(ctx context.Context, req request, entry, ticket, next,
 	if len(vals) != 6 {
 		return res, fmt.Errorf("semaphore: acquire script replied %d values", len(vals))
 	}
-	nums := make([]int64, 6)
+	var nums [6]int64
 	for i, v := range vals {
-		switch v := v.(type) {
-		case int64:
-			nums[i] = v
-		case string:
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				return res, fmt.Errorf("semaphore: acquire script reply %d: %w", i, err)
-			}
-			nums[i] = n
-		default:
-			return res, fmt.Errorf("semaphore: acquire script reply %d: unexpected %T", i, v)
+		if nums[i], err = replyInt(v); err != nil {
+			return res, fmt.Errorf("semaphore: acquire script reply %d: %w", i, err)
 		}
 	}
 	res.granted = nums[0] == 1
@@ -178,9 +170,34 @@ func (s *Service) attempt(ctx context.Context, req request, entry, ticket, next,
 	if nums[3] > 0 {
 		res.earliest = time.UnixMilli(nums[3])
 	}
+	res.other = nums[4]
 	res.nowMicros = nums[5]
 	s.clock.observe(res.nowMicros, res.sent)
 	return res, nil
+}
+
+// replyInt reads an integer of a script reply: a Lua number, or a string
+// of digits (tickets, which Lua would round; ZSET scores in the "%.17g"
+// form Redis prints them in). An empty string is 0.
+func replyInt(v any) (int64, error) {
+	switch v := v.(type) {
+	case int64:
+		return v, nil
+	case string:
+		if v == "" {
+			return 0, nil
+		}
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			return n, nil
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return 0, err
+		}
+		return int64(f), nil
+	default:
+		return 0, fmt.Errorf("unexpected %T", v)
+	}
 }
 
 // grant turns a granted attempt into a Permit.
@@ -220,7 +237,7 @@ func (s *Service) acquire(ctx context.Context, key string, permits int, cfg acqu
 	if direct != nil {
 		// Nobody of ours is in line: ask the store directly, joining the
 		// fleet-wide line if the semaphore is full.
-		res, err := s.attempt(ctx, req, s.id, "", "", "")
+		res, err := s.attempt(req, s.id, "", "", "")
 		if err != nil || res.granted || cfg.maxAttempts == 1 {
 			direct(false)
 		}
@@ -235,6 +252,7 @@ func (s *Service) acquire(ctx context.Context, key string, permits int, cfg acqu
 		}
 		w.ticket, w.attempts = res.nowMicros, 1
 		l.join(w)
+		w.line.noteOther(res.other)
 		direct(true)
 	} else {
 		w.ticket, _ = s.clock.now()
@@ -253,6 +271,9 @@ func (s *Service) acquire(ctx context.Context, key string, permits int, cfg acqu
 	<-w.done
 	if w.err != nil {
 		return nil, w.attempts, w.err
+	}
+	if w.handed {
+		s.adopt(w.permit, cfg)
 	}
 	return w.permit, w.attempts, nil
 }

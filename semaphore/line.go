@@ -3,6 +3,7 @@ package semaphore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -39,6 +40,7 @@ type waiter struct {
 	attempts int   // guarded by line.mu until done is closed
 	done     chan struct{}
 	settled  bool // guarded by line.mu
+	handed   bool // the permit came by a local hand-over: the waiter adopts it
 	permit   *Permit
 	err      error
 	line     *line
@@ -58,6 +60,17 @@ type line struct {
 	kick     chan struct{}
 	grantMu  sync.Mutex // one grant attempt in flight per line
 	queued   bool       // guarded by grantMu: our entry may stand in the fleet-wide line
+	// other is the ticket of the first entry of another process in the
+	// fleet-wide line (0: none), as the last script reply told; guarded by mu
+	other int64
+}
+
+// noteOther records what a script reply told about other processes'
+// entries in the fleet-wide line.
+func (l *line) noteOther(ticket int64) {
+	l.mu.Lock()
+	l.other = ticket
+	l.mu.Unlock()
 }
 
 // arrive finds key's line for a new Acquire. When direct is not nil the
@@ -224,7 +237,7 @@ func (l *line) run() {
 		if l.stopIfEmpty() {
 			return
 		}
-		res, _, err := l.tryHead(context.Background(), "")
+		res, err := l.tryHead(nil)
 		switch {
 		case errors.Is(err, errNoWaiter):
 			delay = 0 // the last waiter just left: stopIfEmpty ends the line
@@ -282,23 +295,26 @@ func (l *line) stopIfEmpty() bool {
 	return true
 }
 
-// tryHead asks the store for a seat for the first waiter; releaseID, when
+// tryHead asks the store for a seat for the first waiter; release, when
 // set, is a seat of ours handed over in the same call. It counts an attempt
 // for every waiter in line.
-func (l *line) tryHead(ctx context.Context, releaseID string) (attemptResult, request, error) {
+func (l *line) tryHead(release *Permit) (attemptResult, error) {
 	l.grantMu.Lock()
-	defer l.grantMu.Unlock()
 	l.mu.Lock()
 	if len(l.waiters) == 0 {
 		l.mu.Unlock()
-		return attemptResult{}, request{}, errNoWaiter
+		l.grantMu.Unlock()
+		return attemptResult{}, errNoWaiter
 	}
 	head := l.waiters[0]
 	next := ""
 	if len(l.waiters) > 1 {
 		next = strconv.FormatInt(l.waiters[1].ticket, 10)
 	}
-	if releaseID == "" {
+	releaseMember := ""
+	if release != nil {
+		releaseMember = release.member
+	} else {
 		for _, w := range l.waiters {
 			w.attempts++
 		}
@@ -307,28 +323,38 @@ func (l *line) tryHead(ctx context.Context, releaseID string) (attemptResult, re
 	ticket := strconv.FormatInt(head.ticket, 10)
 	l.mu.Unlock()
 
-	res, err := l.s.attempt(ctx, req, l.s.id, ticket, next, releaseID)
+	res, err := l.s.attempt(req, l.s.id, ticket, next, releaseMember)
 	if err != nil {
-		return res, req, err
+		l.grantMu.Unlock()
+		return res, err
 	}
 	l.queued = !res.granted || next != ""
+	var unused *Permit
 	if res.granted {
 		p := l.s.grant(req, res)
 		l.mu.Lock()
+		l.other = res.other
 		if head.settled || l.s.isClosed() {
-			// The head left (or we are shutting down) while the seat was
-			// on the wire: give it back quietly.
-			l.mu.Unlock()
-			l.s.giveBack(p)
+			// The head left, or took a seat handed over locally, or we are
+			// shutting down, while this seat was on the wire: give it back
+			// quietly (below, once grantMu is free: giving back may hand
+			// the seat on).
+			unused = p
 			if !head.settled {
-				l.abandon(head, ReasonShutdown, errShutdown)
+				l.settle(head, nil, &AcquisitionError{Key: l.key, Reason: ReasonShutdown, Attempts: head.attempts, Err: errShutdown})
 			}
-			return res, req, nil
+		} else {
+			l.settle(head, p, nil)
 		}
-		l.settle(head, p, nil)
 		l.mu.Unlock()
+	} else {
+		l.noteOther(res.other)
 	}
-	return res, req, nil
+	l.grantMu.Unlock()
+	if unused != nil {
+		l.s.giveBack(unused)
+	}
+	return res, nil
 }
 
 // failAll ends every wait in the line with reason.
@@ -356,7 +382,7 @@ func (l *line) failExhausted() {
 // key in the same script call when the fleet-wide line allows. It reports
 // whether p still held its seat, and false for handed when this Service has
 // no waiter for the key (the caller then releases plainly).
-func (s *Service) handOver(ctx context.Context, p *Permit) (held, handed bool, err error) {
+func (s *Service) handOver(p *Permit) (held, handed bool, err error) {
 	if s.isClosed() {
 		return false, false, nil
 	}
@@ -366,7 +392,7 @@ func (s *Service) handOver(ctx context.Context, p *Permit) (held, handed bool, e
 	if l == nil {
 		return false, false, nil
 	}
-	res, _, err := l.tryHead(ctx, p.id)
+	res, err := l.tryHead(p)
 	if err == errNoWaiter {
 		return false, false, nil
 	}
@@ -374,6 +400,91 @@ func (s *Service) handOver(ctx context.Context, p *Permit) (held, handed bool, e
 		return false, false, err
 	}
 	return res.released == 1, true, nil
+}
+
+// localHandOverMargin is how far ahead a releasing permit's lease must still
+// run (by the local clock, which errs early) for its seat to go straight to
+// a local waiter: far more than the one script call that moves the seat on
+// the store takes, so that the seat is held there throughout.
+const localHandOverMargin = time.Second
+
+// handOverLocally gives p's seat at once to the first local waiter of its
+// key, without a round trip before the waiter runs, when no other process
+// is known to wait ahead of that waiter: the seat stays taken on the store
+// and one script call moves it from p to the waiter's new permit. That call
+// is made before handOverLocally returns; the new permit does nothing on
+// the store until it is answered. If the seat turns out lost, p's release
+// reports it and the new permit is marked lost (Lost is closed). It
+// reports handed false when it did not hand the seat over: the caller then
+// takes the fair path through the store.
+func (s *Service) handOverLocally(p *Permit) (held, handed bool, err error) {
+	if s.isClosed() {
+		return false, false, nil
+	}
+	p.mu.Lock()
+	ok := !p.isLost && !p.handedOff && time.Until(p.deadline) > localHandOverMargin
+	p.mu.Unlock()
+	if !ok {
+		return false, false, nil
+	}
+	s.mu.Lock()
+	l := s.lines[p.key]
+	s.mu.Unlock()
+	if l == nil {
+		return false, false, nil
+	}
+	l.mu.Lock()
+	if len(l.waiters) == 0 {
+		l.mu.Unlock()
+		return false, false, nil
+	}
+	head := l.waiters[0]
+	if head.req.capacity != p.capacity || (l.other != 0 && l.other < head.ticket) {
+		// A capacity of its own asks the store; a waiter of another
+		// process came first: the fair path serves it.
+		l.mu.Unlock()
+		return false, false, nil
+	}
+	next := ""
+	if len(l.waiters) > 1 {
+		next = strconv.FormatInt(l.waiters[1].ticket, 10)
+	}
+	q := s.handedPermit(head.req)
+	head.handed = true
+	l.settle(head, q, nil)
+	empty := len(l.waiters) == 0
+	l.mu.Unlock()
+	if empty {
+		l.wakeUp() // the line's goroutine takes our entry out of the line
+	}
+	p.mu.Lock()
+	p.handedOff = true
+	p.mu.Unlock()
+
+	sent := time.Now()
+	k := p.k
+	vals, err := s.batch.run(handoffScript, []string{k.holders, k.queue, k.qexp},
+		p.member, q.member, q.ttl.Milliseconds(), s.id, next, lineEntryTTL.Milliseconds(),
+	).Slice()
+	var nums [4]int64
+	if err == nil && len(vals) != len(nums) {
+		err = fmt.Errorf("semaphore: hand-over script replied %d values", len(vals))
+	}
+	for i := 0; err == nil && i < len(nums); i++ {
+		if nums[i], err = replyInt(vals[i]); err != nil {
+			err = fmt.Errorf("semaphore: hand-over script reply %d: %w", i, err)
+		}
+	}
+	if err != nil {
+		// Whether the seat moved is unknown: the new permit cannot count
+		// on it.
+		q.handOverDone(false, time.Time{})
+		return false, true, err
+	}
+	l.noteOther(nums[2])
+	s.clock.observe(nums[3], sent)
+	q.handOverDone(nums[0] == 1, time.UnixMilli(nums[1]))
+	return nums[0] == 1, true, nil
 }
 
 // subscribeWake subscribes, once, to this Service's wake channel, and waits

@@ -11,18 +11,24 @@ import (
 // Permit is a leased seat of a semaphore. Release it when the work is done;
 // it lapses by itself at ExpiresAt unless extended or auto-renewed.
 type Permit struct {
-	s          *Service
-	key        string
-	k          keys
-	id         string
-	capacity   int
-	acquiredAt time.Time // server time
+	s        *Service
+	key      string
+	k        keys
+	id       string
+	member   string // its member of the holders ZSET
+	capacity int
+	// ready is closed once a seat handed over locally is the permit's on
+	// the store too (or known lost); nil when it was from the start.
+	ready chan struct{}
 
 	mu          sync.Mutex
+	acquiredAt  time.Time // server time
 	ttl         time.Duration
 	expiresAt   time.Time // server time
 	deadline    time.Time // local clock: when the lease surely ran out if not renewed
 	released    bool
+	handedOff   bool // its seat went to a local waiter: a retried Release only releases
+	isLost      bool
 	lostOnce    sync.Once
 	lost        chan struct{}
 	counted     bool // still counted as active by the Observer
@@ -36,6 +42,7 @@ func newPermit(s *Service, req request, res attemptResult) *Permit {
 		key:        req.key,
 		k:          req.k,
 		id:         res.permitID,
+		member:     res.member,
 		capacity:   req.capacity,
 		acquiredAt: res.now,
 		ttl:        req.cfg.ttl,
@@ -43,6 +50,71 @@ func newPermit(s *Service, req request, res attemptResult) *Permit {
 		deadline:   res.sent.Add(req.cfg.ttl),
 		lost:       make(chan struct{}),
 		counted:    true,
+	}
+}
+
+// handedPermit is the permit of a seat handed over locally, before the
+// store has moved the seat to it: its lease times are estimates until
+// handOverDone. The waiter that takes it adopts it (see adopt).
+func (s *Service) handedPermit(req request) *Permit {
+	id := randomID()
+	local := time.Now()
+	now := local
+	if us, known := s.clock.now(); known {
+		now = time.UnixMicro(us)
+	}
+	return &Permit{
+		s:          s,
+		key:        req.key,
+		k:          req.k,
+		id:         id,
+		member:     member(id, req.cfg.holder),
+		capacity:   req.capacity,
+		ready:      make(chan struct{}),
+		acquiredAt: now,
+		ttl:        req.cfg.ttl,
+		expiresAt:  now.Add(req.cfg.ttl),
+		deadline:   local.Add(req.cfg.ttl), // the store's lease starts later
+		lost:       make(chan struct{}),
+	}
+}
+
+// handOverDone settles a locally handed-over permit with the store's
+// answer: moved at server time now, or lost.
+func (p *Permit) handOverDone(moved bool, now time.Time) {
+	if moved {
+		p.mu.Lock()
+		p.acquiredAt = now
+		p.expiresAt = now.Add(p.ttl)
+		p.mu.Unlock()
+	} else {
+		p.markLost() // before ready: nothing may use the seat as held
+	}
+	close(p.ready)
+}
+
+// awaitReady waits until the permit's seat is settled on the store.
+func (p *Permit) awaitReady() {
+	if p.ready != nil {
+		<-p.ready
+	}
+}
+
+// adopt is the waiting Acquire taking a permit handed over locally: it is
+// counted as active and renewed from now on, unless already lost.
+func (s *Service) adopt(p *Permit, cfg acquireConfig) {
+	p.mu.Lock()
+	ok := !p.released && !p.isLost
+	p.counted = ok
+	p.mu.Unlock()
+	if !ok {
+		return
+	}
+	if s.obs != nil {
+		s.obs.ActiveChanged(p.key, 1)
+	}
+	if cfg.autoRenew {
+		s.startRenew(p)
 	}
 }
 
@@ -60,7 +132,11 @@ func (p *Permit) TTL() time.Duration {
 }
 
 // AcquiredAt is when the seat was taken, by the Redis server's clock.
-func (p *Permit) AcquiredAt() time.Time { return p.acquiredAt }
+func (p *Permit) AcquiredAt() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.acquiredAt
+}
 
 // ExpiresAt is when the lease runs out unless extended, by the Redis
 // server's clock.
@@ -123,13 +199,15 @@ func (p *Permit) localAcquired() time.Time {
 // release frees p's seat on the store, handing it to a local waiter when
 // there is one.
 func (s *Service) release(ctx context.Context, p *Permit) (bool, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
-	defer cancel()
-	held, handed, err := s.handOver(ctx, p)
+	p.awaitReady()
+	if held, handed, err := s.handOverLocally(p); handed {
+		return held, err
+	}
+	held, handed, err := s.handOver(p)
 	if err != nil || handed {
 		return held, err
 	}
-	n, err := releaseScript.Run(ctx, s.rdb, []string{p.k.holders, p.k.labels, p.k.queue}, p.id, p.capacity, s.wakePrefix(), p.key).Int()
+	n, err := s.batch.run(releaseScript, []string{p.k.holders, p.k.queue}, p.member, p.capacity, s.wakePrefix(), p.key).Int()
 	return n == 1, err
 }
 
@@ -139,10 +217,11 @@ func (p *Permit) Extend(ctx context.Context, ttl time.Duration) error {
 	if ttl <= 0 {
 		return fmt.Errorf("semaphore: Extend: ttl must be > 0, got %s", ttl)
 	}
+	p.awaitReady()
 	sent := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	defer cancel()
-	vals, err := extendScript.Run(ctx, p.s.rdb, []string{p.k.holders, p.k.labels}, p.id, ttl.Milliseconds()).Int64Slice()
+	vals, err := extendScript.Run(ctx, p.s.rdb, []string{p.k.holders}, p.member, ttl.Milliseconds()).Int64Slice()
 	if err != nil {
 		return fmt.Errorf("semaphore: extend %q: %w", p.key, err)
 	}
@@ -168,7 +247,8 @@ func (p *Permit) Extend(ctx context.Context, ttl time.Duration) error {
 
 // IsHeld checks against the store whether the seat is still held.
 func (p *Permit) IsHeld(ctx context.Context) (bool, error) {
-	n, err := heldScript.Run(ctx, p.s.rdb, []string{p.k.holders}, p.id).Int()
+	p.awaitReady()
+	n, err := heldScript.Run(ctx, p.s.rdb, []string{p.k.holders}, p.member).Int()
 	if err != nil {
 		return false, fmt.Errorf("semaphore: is held %q: %w", p.key, err)
 	}
@@ -180,6 +260,7 @@ func (p *Permit) markLost() {
 	p.lostOnce.Do(func() {
 		// Renewal ends with the seat: stop it before anyone sees Lost.
 		p.mu.Lock()
+		p.isLost = true
 		cancel := p.renewCancel
 		p.renewCancel, p.renewDone = nil, nil
 		counted := p.counted

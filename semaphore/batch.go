@@ -1,0 +1,110 @@
+package semaphore
+
+import (
+	"context"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Auto-pipelining. The hot script calls (acquire, release, hand-over) of
+// concurrent callers are sent together: a call joins a pending batch, and
+// a few flusher goroutines each take the whole pending batch and send it as
+// one pipeline, so Redis reads and answers many calls per system call and
+// this process writes and reads them with one each. A flusher runs only
+// while calls are pending; with one caller at a time a batch is that one
+// call. Scripts go as EVALSHA; those the server does not know yet
+// (NOSCRIPT) are sent again as EVAL, which also loads them.
+
+const (
+	maxFlushers = 4   // batches on the wire at once
+	maxBatch    = 128 // calls in one pipeline
+)
+
+// evalCall is one script call waiting for its batch.
+type evalCall struct {
+	script *redis.Script
+	keys   []string
+	args   []any
+	cmd    *redis.Cmd
+	done   chan struct{}
+}
+
+type batcher struct {
+	rdb      redis.UniversalClient
+	mu       sync.Mutex
+	pending  []*evalCall
+	flushers int
+}
+
+// run sends script through the next batch and waits for its reply. The
+// batch is bounded by storeTimeout, not by the caller's context: a call
+// that changes seats must not be cut off on the wire.
+func (b *batcher) run(script *redis.Script, keys []string, args ...any) *redis.Cmd {
+	c := &evalCall{script: script, keys: keys, args: args, done: make(chan struct{})}
+	b.mu.Lock()
+	b.pending = append(b.pending, c)
+	start := b.flushers < maxFlushers
+	if start {
+		b.flushers++
+	}
+	b.mu.Unlock()
+	if start {
+		go b.flush()
+	}
+	<-c.done
+	return c.cmd
+}
+
+// flush sends pending batches until none is left.
+func (b *batcher) flush() {
+	for {
+		b.mu.Lock()
+		n := min(len(b.pending), maxBatch)
+		if n == 0 {
+			b.flushers--
+			b.mu.Unlock()
+			return
+		}
+		batch := b.pending[:n:n]
+		if n == len(b.pending) {
+			b.pending = nil
+		} else {
+			b.pending = b.pending[n:]
+		}
+		b.mu.Unlock()
+		b.send(batch)
+		for _, c := range batch {
+			close(c.done)
+		}
+	}
+}
+
+func (b *batcher) send(batch []*evalCall) {
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	if len(batch) == 1 {
+		c := batch[0]
+		c.cmd = c.script.Run(ctx, b.rdb, c.keys, c.args...)
+		return
+	}
+	pipe := b.rdb.Pipeline()
+	for _, c := range batch {
+		c.cmd = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
+	}
+	_, _ = pipe.Exec(ctx) // every command carries its own error
+	var retry []*evalCall
+	for _, c := range batch {
+		if err := c.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			retry = append(retry, c)
+		}
+	}
+	if len(retry) == 0 {
+		return
+	}
+	pipe = b.rdb.Pipeline()
+	for _, c := range retry {
+		c.cmd = c.script.Eval(ctx, pipe, c.keys, c.args...)
+	}
+	_, _ = pipe.Exec(ctx)
+}

@@ -1,0 +1,50 @@
+-- handoff.lua: move a held seat from a releasing permit to the permit this
+-- process already gave it to (a local hand-over). The seat stays taken
+-- throughout, so the count of holders never changes.
+--
+-- KEYS[1] holders  ZSET member -> lease expiry (server ms)
+-- KEYS[2] queue    ZSET waiter entry -> ticket (arrival, server µs)
+-- KEYS[3] qexp     ZSET waiter entry -> entry expiry (server ms)
+-- ARGV[1] member giving the seat up
+-- ARGV[2] member taking it
+-- ARGV[3] the new lease's TTL, ms
+-- ARGV[4] this process's waiter entry
+-- ARGV[5] the ticket of its next local waiter ('' if none): the entry, if
+--         queued, is re-stamped with it and refreshed
+-- ARGV[6] queue entry TTL, ms
+--
+-- Reply: {1 moved | 0 the seat was already lost (nothing moved), now ms,
+--         first ticket of another entry in line ('' if none), now µs}
+
+local holders, queue, qexp = KEYS[1], KEYS[2], KEYS[3]
+local ttl = tonumber(ARGV[3])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local nowus = t[1] .. string.format('%06d', tonumber(t[2]))
+
+local moved = 0
+local s = redis.call('ZSCORE', holders, ARGV[1])
+if s then
+  redis.call('ZREM', holders, ARGV[1])
+  if tonumber(s) > now then
+    moved = 1
+    redis.call('ZADD', holders, now + ttl, ARGV[2])
+    if redis.call('PTTL', holders) < ttl then
+      redis.call('PEXPIRE', holders, ttl * 2)
+    end
+  end
+end
+
+local other = ''
+local first = redis.call('ZRANGE', queue, 0, 1, 'WITHSCORES')
+for i = 1, #first, 2 do
+  if first[i] ~= ARGV[4] then
+    other = first[i + 1]
+    break
+  end
+end
+if ARGV[5] ~= '' and #first > 0 then
+  redis.call('ZADD', queue, 'XX', ARGV[5], ARGV[4])
+  redis.call('ZADD', qexp, 'XX', now + tonumber(ARGV[6]), ARGV[4])
+end
+return {moved, now, other, nowus}
