@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"os"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -15,6 +17,18 @@ import (
 // runS3 measures acquire -> hold -> release cycles, uncontended and
 // contended.
 func runS3(ctx context.Context, env *benchEnv) error {
+	if path := os.Getenv("FLEETCAP_CPUPROFILE"); path != "" {
+		// A CPU profile of the S3 runs, to look for hot spots.
+		f, err := os.Create(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	for _, v := range []struct {
 		variant string
 		limit   int

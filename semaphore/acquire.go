@@ -148,10 +148,12 @@ func (s *Service) attempt(req request, entry, ticket, next, release string) (att
 	res := attemptResult{permitID: randomID(), sent: time.Now()}
 	res.member = member(res.permitID, req.cfg.holder)
 	k := req.k
-	vals, err := s.batch.run(acquireScript, []string{k.holders, k.queue, k.qexp},
-		res.member, req.cfg.ttl.Milliseconds(), req.capacity,
-		entry, ticket, next, lineEntryTTL.Milliseconds(), release, s.wakePrefix(), req.key,
-	).Slice()
+	args := []any{res.member, req.cfg.ttl.Milliseconds(), req.capacity,
+		entry, lineEntryTTL.Milliseconds(), s.wakePrefix(), req.key, ticket, next, release}
+	for len(args) > 7 && args[len(args)-1] == "" {
+		args = args[:len(args)-1] // the script reads absent optional arguments as ''
+	}
+	vals, err := s.batch.run(acquireScript, []string{k.holders, k.queue, k.qexp}, args...).Slice()
 	if err != nil {
 		return res, err
 	}
@@ -172,6 +174,9 @@ func (s *Service) attempt(req request, entry, ticket, next, release string) (att
 	}
 	res.other = nums[4]
 	res.nowMicros = nums[5]
+	if res.nowMicros == 0 {
+		res.nowMicros = nums[1] * 1000
+	}
 	s.clock.observe(res.nowMicros, res.sent)
 	return res, nil
 }

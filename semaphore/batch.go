@@ -2,6 +2,7 @@ package semaphore
 
 import (
 	"context"
+	"errors"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -14,19 +15,22 @@ import (
 // this process writes and reads them with one each. A flusher runs only
 // while calls are pending; with one caller at a time a batch is that one
 // call. Scripts go as EVALSHA; those the server does not know yet
-// (NOSCRIPT) are sent again as EVAL, which also loads them.
+// (NOSCRIPT) are sent again as EVAL, which also loads them. A release
+// on its fast path is two plain commands, batched the same way.
 
 const (
 	maxFlushers = 4   // batches on the wire at once
 	maxBatch    = 128 // calls in one pipeline
 )
 
-// evalCall is one script call waiting for its batch.
+// evalCall is one script call, or a few plain commands, waiting for its
+// batch.
 type evalCall struct {
-	script *redis.Script
+	script *redis.Script // nil for plain commands
 	keys   []string
 	args   []any
-	cmd    *redis.Cmd
+	cmd    *redis.Cmd    // the script's reply
+	cmds   []redis.Cmder // plain commands, sent in this order
 	done   chan struct{}
 }
 
@@ -41,7 +45,19 @@ type batcher struct {
 // batch is bounded by storeTimeout, not by the caller's context: a call
 // that changes seats must not be cut off on the wire.
 func (b *batcher) run(script *redis.Script, keys []string, args ...any) *redis.Cmd {
-	c := &evalCall{script: script, keys: keys, args: args, done: make(chan struct{})}
+	c := &evalCall{script: script, keys: keys, args: args}
+	b.wait(c)
+	return c.cmd
+}
+
+// do sends plain commands through the next batch and waits for their
+// replies; each command carries its own.
+func (b *batcher) do(cmds ...redis.Cmder) {
+	b.wait(&evalCall{cmds: cmds})
+}
+
+func (b *batcher) wait(c *evalCall) {
+	c.done = make(chan struct{})
 	b.mu.Lock()
 	b.pending = append(b.pending, c)
 	start := b.flushers < maxFlushers
@@ -53,7 +69,6 @@ func (b *batcher) run(script *redis.Script, keys []string, args ...any) *redis.C
 		go b.flush()
 	}
 	<-c.done
-	return c.cmd
 }
 
 // flush sends pending batches until none is left.
@@ -83,19 +98,28 @@ func (b *batcher) flush() {
 func (b *batcher) send(batch []*evalCall) {
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
-	if len(batch) == 1 {
+	if len(batch) == 1 && batch[0].script != nil {
 		c := batch[0]
 		c.cmd = c.script.Run(ctx, b.rdb, c.keys, c.args...)
 		return
 	}
 	pipe := b.rdb.Pipeline()
 	for _, c := range batch {
-		c.cmd = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
+		if c.script != nil {
+			c.cmd = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
+			continue
+		}
+		for _, cmd := range c.cmds {
+			_ = pipe.Process(ctx, cmd)
+		}
 	}
 	_, _ = pipe.Exec(ctx) // every command carries its own error
 	var retry []*evalCall
 	for _, c := range batch {
-		if err := c.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if c.script == nil {
+			continue
+		}
+		if err := c.cmd.Err(); err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
 			retry = append(retry, c)
 		}
 	}

@@ -48,6 +48,7 @@ var (
 	extendScript       = script("extend.lua")
 	leaveScript        = script("leave.lua")
 	handoffScript      = script("handoff.lua")
+	wakeScript         = script("wake.lua")
 	forceReleaseScript = script("forcerelease.lua")
 	holdersScript      = script("holders.lua")
 	heldScript         = script("held.lua")

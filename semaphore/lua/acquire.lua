@@ -9,12 +9,12 @@
 -- ARGV[2] lease TTL, ms
 -- ARGV[3] capacity
 -- ARGV[4] waiter entry ('' for a one-shot try that never queues)
--- ARGV[5] the waiter's ticket ('' for now)
--- ARGV[6] after a grant: '' drops the entry, a ticket re-queues it with it
--- ARGV[7] queue entry TTL, ms
--- ARGV[8] member to release first ('' for none): a hand-over
--- ARGV[9] wake channel prefix (the entry's name is appended)
--- ARGV[10] the semaphore key, sent as the wake message
+-- ARGV[5] queue entry TTL, ms
+-- ARGV[6] wake channel prefix (the entry's name is appended)
+-- ARGV[7] the semaphore key, sent as the wake message
+-- ARGV[8] the waiter's ticket ('' or absent for now)
+-- ARGV[9] after a grant: ''/absent drops the entry, a ticket re-queues it
+-- ARGV[10] member to release first (''/absent for none): a hand-over
 --
 -- Tickets are integers of 16 digits: they travel as strings, because Lua
 -- would print such a number with 14 significant digits.
@@ -25,24 +25,25 @@
 --
 -- Reply: {granted 1|0, now ms, released 1 held|0 lost|-1 none, earliest
 --         lease expiry ms (0 if none or granted), first ticket of another
---         entry in line ('' if none), now µs}
+--         entry in line ('' if none), now µs ('' when granted: now ms
+--         serves)}
 
 local holders, queue, qexp = KEYS[1], KEYS[2], KEYS[3]
 local ttl = tonumber(ARGV[2])
 local capacity = tonumber(ARGV[3])
-local entry = ARGV[4]
+local entry, qttl = ARGV[4], tonumber(ARGV[5])
+local ticket, nextTicket, release = ARGV[8] or '', ARGV[9] or '', ARGV[10] or ''
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local nowus = t[1] .. string.format('%06d', tonumber(t[2]))
 
 local released = -1
 local freed = false
-if ARGV[8] ~= '' then
-  local s = redis.call('ZSCORE', holders, ARGV[8])
+if release ~= '' then
+  local s = redis.call('ZSCORE', holders, release)
   released = 0
   if s then
-    redis.call('ZREM', holders, ARGV[8])
+    redis.call('ZREM', holders, release)
     if tonumber(s) > now then
       released = 1
       freed = true
@@ -69,11 +70,11 @@ local granted = 0
 if free > 0 then
   local ahead = 0
   if waiting > 0 then
-    if entry == '' or ARGV[5] == '' then
+    if entry == '' or ticket == '' then
       ahead = waiting
       if entry ~= '' and redis.call('ZSCORE', queue, entry) then ahead = ahead - 1 end
     else
-      ahead = redis.call('ZCOUNT', queue, '-inf', '(' .. ARGV[5])
+      ahead = redis.call('ZCOUNT', queue, '-inf', '(' .. ticket)
       if ahead > 0 and redis.call('ZSCORE', queue, entry) == false then
         -- a waiter whose entry is not queued is behind every queued entry
         ahead = waiting
@@ -89,12 +90,11 @@ if free > 0 then
       redis.call('PEXPIRE', holders, ttl * 2)
     end
     if entry ~= '' then
-      if ARGV[6] ~= '' then
-        redis.call('ZADD', queue, ARGV[6], entry)
-        redis.call('ZADD', qexp, now + tonumber(ARGV[7]), entry)
-        redis.call('PEXPIRE', queue, ARGV[7] * 2)
-        redis.call('PEXPIRE', qexp, ARGV[7] * 2)
-        waiting = waiting + 1
+      if nextTicket ~= '' then
+        waiting = waiting + redis.call('ZADD', queue, nextTicket, entry)
+        redis.call('ZADD', qexp, now + qttl, entry)
+        redis.call('PEXPIRE', queue, qttl * 2)
+        redis.call('PEXPIRE', qexp, qttl * 2)
       elseif waiting > 0 then
         waiting = waiting - redis.call('ZREM', queue, entry)
         redis.call('ZREM', qexp, entry)
@@ -103,15 +103,19 @@ if free > 0 then
   end
 end
 
+local nowus = ''
+if granted == 0 then
+  nowus = t[1] .. string.format('%06d', tonumber(t[2]))
+end
 if granted == 0 and entry ~= '' then
-  if ARGV[5] == '' then
+  if ticket == '' then
     waiting = waiting + redis.call('ZADD', queue, 'NX', nowus, entry)
   else
-    waiting = waiting + redis.call('ZADD', queue, ARGV[5], entry)
+    waiting = waiting + redis.call('ZADD', queue, ticket, entry)
   end
-  redis.call('ZADD', qexp, now + tonumber(ARGV[7]), entry)
-  redis.call('PEXPIRE', queue, ARGV[7] * 2)
-  redis.call('PEXPIRE', qexp, ARGV[7] * 2)
+  redis.call('ZADD', qexp, now + qttl, entry)
+  redis.call('PEXPIRE', queue, qttl * 2)
+  redis.call('PEXPIRE', qexp, qttl * 2)
 end
 
 -- the entries first in line, to wake (seats this call freed and did not
@@ -126,7 +130,7 @@ if waiting > 0 and (entry ~= '' or (freed and free > 0)) then
     if e ~= entry then
       if other == '' then other = first[i + 1] end
       if (i + 1) / 2 <= wake then
-        redis.call('PUBLISH', ARGV[9] .. e, ARGV[10])
+        redis.call('PUBLISH', ARGV[6] .. e, ARGV[7])
       end
     end
   end
