@@ -12,3 +12,7 @@ func (s *Service) LocalWaiters(key string) int {
 	defer l.mu.Unlock()
 	return len(l.waiters)
 }
+
+// LocalHandOvers counts the seats s handed to a local waiter in memory
+// (the store learning of it one call later), for tests.
+func (s *Service) LocalHandOvers() int64 { return s.localHandOvers.Load() }

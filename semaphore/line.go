@@ -450,6 +450,7 @@ func (s *Service) handOverLocally(p *Permit) (held, handed bool, err error) {
 		next = strconv.FormatInt(l.waiters[1].ticket, 10)
 	}
 	q := s.handedPermit(head.req)
+	s.localHandOvers.Add(1)
 	head.handed = true
 	l.settle(head, q, nil)
 	empty := len(l.waiters) == 0

@@ -24,6 +24,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -83,6 +84,8 @@ type Service struct {
 
 	closeOnce sync.Once
 	closed    chan struct{}
+
+	localHandOvers atomic.Int64 // seats handed to a local waiter in memory
 
 	mu       sync.Mutex
 	lines    map[string]*line     // keys with local waiters

@@ -1,0 +1,264 @@
+package semaphore_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/semaphore"
+)
+
+func holdersKey(key string) string { return semaphore.DefaultPrefix + "{" + key + "}:holders" }
+
+// TestLocalHandOverKeepsTheCap: two Services share a key whose waiters are
+// mostly served by local hand-overs (the seat goes to a waiter in memory,
+// the store learns of it one call later). An independent counter sees no
+// more than the capacity at work at once, and the store never counts more
+// holders than seats.
+func TestLocalHandOverKeepsTheCap(t *testing.T) {
+	srv := redistest.Start(t)
+	const capacity, perService, rounds = 3, 10, 15
+	key := uniqueKey(t)
+	services := []*semaphore.Service{newService(t, srv.Client()), newService(t, srv.Client())}
+
+	var inflight, maxInflight, storeMax atomic.Int64
+	stop := make(chan struct{})
+	watched := make(chan struct{})
+	go func() { // the store's own count, polled for the whole run
+		defer close(watched)
+		raw := srv.Client()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			n, err := raw.ZCard(context.Background(), holdersKey(key)).Result()
+			if err == nil && n > storeMax.Load() {
+				storeMax.Store(n)
+			}
+		}
+	}()
+
+	var wg sync.WaitGroup
+	for _, s := range services {
+		for range perService {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range rounds {
+					err := s.WithPermit(context.Background(), key, capacity, func(context.Context) error {
+						n := inflight.Add(1)
+						for m := maxInflight.Load(); n > m && !maxInflight.CompareAndSwap(m, n); m = maxInflight.Load() {
+						}
+						time.Sleep(time.Millisecond)
+						inflight.Add(-1)
+						return nil
+					}, semaphore.WithWaitTimeout(30*time.Second))
+					if err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(stop)
+	<-watched
+	if m := maxInflight.Load(); m > capacity {
+		t.Fatalf("cap exceeded: %d ran at once, capacity %d", m, capacity)
+	}
+	if m := storeMax.Load(); m > capacity {
+		t.Fatalf("the store counted %d holders, capacity %d", m, capacity)
+	}
+	handed := services[0].LocalHandOvers() + services[1].LocalHandOvers()
+	t.Logf("local hand-overs %d of %d cycles", handed, 2*perService*rounds)
+	if handed == 0 {
+		t.Fatal("no seat was handed over locally: the test did not exercise the path")
+	}
+	if n := used(t, services[0], key); n != 0 {
+		t.Fatalf("%d seats still held after every release", n)
+	}
+}
+
+// TestLocalHandOverMovesTheSeat: the new permit holds the seat on the
+// store under its own ID and label, with its own lease, and renews it.
+func TestLocalHandOverMovesTheSeat(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	s := newService(t, srv.Client())
+	key := uniqueKey(t)
+	p := mustAcquire(t, s, key, 1, semaphore.WithHolder("first"))
+
+	got := make(chan *semaphore.Permit, 1)
+	go func() {
+		q, err := s.Acquire(ctx, key, 1, semaphore.WithHolder("second"), semaphore.WithTTL(300*time.Millisecond),
+			semaphore.WithAutoRenew(), semaphore.WithWaitTimeout(10*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- q
+	}()
+	eventually(t, 5*time.Second, "waiter in line", func() bool { return s.LocalWaiters(key) == 1 })
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	q := <-got
+	if q == nil {
+		t.FailNow()
+	}
+	defer q.Release(ctx)
+	if n := s.LocalHandOvers(); n != 1 {
+		t.Fatalf("local hand-overs %d, want 1", n)
+	}
+	hs, err := s.Holders(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hs) != 1 || hs[0].PermitID != q.ID() || hs[0].Label != "second" {
+		t.Fatalf("holders %+v, want only %s labelled second", hs, q.ID())
+	}
+	if !hs[0].ExpiresAt.Equal(q.ExpiresAt()) || q.ExpiresAt().After(q.AcquiredAt().Add(300*time.Millisecond)) {
+		t.Fatalf("lease %s..%s, store says %s", q.AcquiredAt(), q.ExpiresAt(), hs[0].ExpiresAt)
+	}
+	if !q.IsAutoRenewing() {
+		t.Fatal("handed-over permit is not auto-renewing")
+	}
+	first := q.ExpiresAt()
+	eventually(t, 5*time.Second, "handed-over lease renewed past its first expiry", func() bool {
+		return q.ExpiresAt().After(first.Add(100 * time.Millisecond))
+	})
+	if held, err := q.IsHeld(ctx); err != nil || !held {
+		t.Fatalf("renewed seat not held: %v %v", held, err)
+	}
+	select {
+	case <-q.Lost():
+		t.Fatal("handed-over permit marked lost")
+	default:
+	}
+}
+
+// TestLocalHandOverOfALostSeat: the seat of a releasing permit was lost
+// (here: it lapsed and another process took it, written straight into the
+// store so that nothing wakes the waiter) while a local waiter stood first
+// in line. The waiter gets the seat in memory at once; the store then says
+// it was gone: the release reports ErrPermitNotHeld and the new permit is
+// marked lost.
+func TestLocalHandOverOfALostSeat(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	s := newService(t, srv.Client())
+	key := uniqueKey(t)
+	p := mustAcquire(t, s, key, 1)
+
+	got := make(chan *semaphore.Permit, 1)
+	go func() {
+		q, err := s.Acquire(ctx, key, 1, semaphore.WithWaitTimeout(10*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- q
+	}()
+	eventually(t, 5*time.Second, "waiter in line", func() bool { return s.LocalWaiters(key) == 1 })
+	raw := srv.Client()
+	if err := raw.ZRem(ctx, holdersKey(key), p.ID()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	intruder := redis.Z{Score: float64(time.Now().Add(time.Minute).UnixMilli()), Member: "intruder"}
+	if err := raw.ZAdd(ctx, holdersKey(key), intruder).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := p.Release(ctx); !errors.Is(err, semaphore.ErrPermitNotHeld) {
+		t.Fatalf("release of a lost seat: %v, want ErrPermitNotHeld", err)
+	}
+	q := <-got
+	if q == nil {
+		t.FailNow()
+	}
+	if n := s.LocalHandOvers(); n != 1 {
+		t.Fatalf("local hand-overs %d, want 1", n)
+	}
+	select {
+	case <-q.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the permit handed a lost seat is not marked lost")
+	}
+	if held, err := q.IsHeld(ctx); err != nil || held {
+		t.Fatalf("IsHeld = %v, %v; want false", held, err)
+	}
+	if err := q.Release(ctx); !errors.Is(err, semaphore.ErrPermitNotHeld) {
+		t.Fatalf("release of the lost hand-over: %v, want ErrPermitNotHeld", err)
+	}
+	hs, err := s.Holders(ctx, key)
+	if err != nil || len(hs) != 1 || hs[0].PermitID != "intruder" {
+		t.Fatalf("holders %+v (%v), want only the intruder", hs, err)
+	}
+}
+
+// TestBatchedCallsSurviveAScriptFlush: concurrent calls go out pipelined;
+// after SCRIPT FLUSH every one of them still runs (EVALSHA answers
+// NOSCRIPT, the batch sends EVAL).
+func TestBatchedCallsSurviveAScriptFlush(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	s := newService(t, srv.Client())
+	key := uniqueKey(t)
+	for round := range 3 {
+		if err := srv.Client().ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		for range 40 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				p, err := s.TryAcquire(ctx, key, 100, semaphore.WithHolder("x"))
+				if err != nil || p == nil {
+					t.Errorf("round %d: (%v, %v)", round, p, err)
+					return
+				}
+				if err := p.Release(ctx); err != nil {
+					t.Errorf("round %d: release: %v", round, err)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	if n := used(t, s, key); n != 0 {
+		t.Fatalf("used %d", n)
+	}
+}
+
+// TestHolderLabelsAnyText: a label may hold any text, newlines included.
+func TestHolderLabelsAnyText(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	s := newService(t, srv.Client())
+	key := uniqueKey(t)
+	label := "task\nwith newline\n"
+	p := mustAcquire(t, s, key, 2, semaphore.WithHolder(label))
+	hs, err := s.Holders(ctx, key)
+	if err != nil || len(hs) != 1 || hs[0].PermitID != p.ID() || hs[0].Label != label {
+		t.Fatalf("holders %+v (%v), want %s labelled %q", hs, err, p.ID(), label)
+	}
+	if err := p.Extend(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if held, err := p.IsHeld(ctx); err != nil || !held {
+		t.Fatalf("IsHeld = %v, %v", held, err)
+	}
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := used(t, s, key); n != 0 {
+		t.Fatalf("used %d", n)
+	}
+}
