@@ -137,6 +137,7 @@ type attemptResult struct {
 	released  int       // 1 held, 0 lost, -1 no release asked
 	earliest  time.Time // soonest lease expiry when not granted; zero if none
 	other     int64     // ticket of the first other entry in line, 0 if none
+	waiting   int64     // entries in line after the call
 	nowMicros int64
 	sent      time.Time // local time the call was sent
 }
@@ -157,10 +158,10 @@ func (s *Service) attempt(req request, entry, ticket, next, release string) (att
 	if err != nil {
 		return res, err
 	}
-	if len(vals) != 6 {
+	var nums [7]int64
+	if len(vals) != len(nums) {
 		return res, fmt.Errorf("semaphore: acquire script replied %d values", len(vals))
 	}
-	var nums [6]int64
 	for i, v := range vals {
 		if nums[i], err = replyInt(v); err != nil {
 			return res, fmt.Errorf("semaphore: acquire script reply %d: %w", i, err)
@@ -174,6 +175,7 @@ func (s *Service) attempt(req request, entry, ticket, next, release string) (att
 	}
 	res.other = nums[4]
 	res.nowMicros = nums[5]
+	res.waiting = nums[6]
 	if res.nowMicros == 0 {
 		res.nowMicros = nums[1] * 1000
 	}

@@ -57,6 +57,13 @@ func (b *batcher) do(cmds ...redis.Cmder) {
 }
 
 func (b *batcher) wait(c *evalCall) {
+	b.submit(c)
+	<-c.done
+}
+
+// submit puts c in the next batch without waiting for it; c.done is
+// closed once c is answered.
+func (b *batcher) submit(c *evalCall) {
 	c.done = make(chan struct{})
 	b.mu.Lock()
 	b.pending = append(b.pending, c)
@@ -68,7 +75,6 @@ func (b *batcher) wait(c *evalCall) {
 	if start {
 		go b.flush()
 	}
-	<-c.done
 }
 
 // flush sends pending batches until none is left.

@@ -450,6 +450,16 @@ func (s *Service) handOverLocally(p *Permit) (held, handed bool, err error) {
 		next = strconv.FormatInt(l.waiters[1].ticket, 10)
 	}
 	q := s.handedPermit(head.req)
+	p.mu.Lock()
+	p.handedOff = true
+	p.mu.Unlock()
+	// The call that moves the seat goes first, then the waiter is woken:
+	// it runs while this goroutine waits for the reply.
+	k := p.k
+	sent := time.Now()
+	call := &evalCall{script: handoffScript, keys: []string{k.holders, k.queue, k.qexp},
+		args: []any{p.member, q.member, q.ttl.Milliseconds(), s.id, next, lineEntryTTL.Milliseconds()}}
+	s.batch.submit(call)
 	s.localHandOvers.Add(1)
 	head.handed = true
 	l.settle(head, q, nil)
@@ -458,15 +468,8 @@ func (s *Service) handOverLocally(p *Permit) (held, handed bool, err error) {
 	if empty {
 		l.wakeUp() // the line's goroutine takes our entry out of the line
 	}
-	p.mu.Lock()
-	p.handedOff = true
-	p.mu.Unlock()
-
-	sent := time.Now()
-	k := p.k
-	vals, err := s.batch.run(handoffScript, []string{k.holders, k.queue, k.qexp},
-		p.member, q.member, q.ttl.Milliseconds(), s.id, next, lineEntryTTL.Milliseconds(),
-	).Slice()
+	<-call.done
+	vals, err := call.cmd.Slice()
 	var nums [4]int64
 	if err == nil && len(vals) != len(nums) {
 		err = fmt.Errorf("semaphore: hand-over script replied %d values", len(vals))

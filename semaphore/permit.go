@@ -19,6 +19,9 @@ type Permit struct {
 	id       string
 	member   string // its member of the holders ZSET
 	capacity int
+	// contended: someone was waiting when the seat was taken, so someone
+	// likely is at release: release wakes them in the same call
+	contended bool
 	// ready is closed once a seat handed over locally is the permit's on
 	// the store too (or known lost); nil when it was from the start.
 	ready chan struct{}
@@ -46,6 +49,7 @@ func newPermit(s *Service, req request, res attemptResult) *Permit {
 		id:         res.permitID,
 		member:     res.member,
 		capacity:   req.capacity,
+		contended:  res.waiting > 0,
 		acquiredAt: res.now,
 		ttl:        req.cfg.ttl,
 		expiresAt:  res.now.Add(req.cfg.ttl),
@@ -72,6 +76,7 @@ func (s *Service) handedPermit(req request) *Permit {
 		id:         id,
 		member:     member(id, req.cfg.holder),
 		capacity:   req.capacity,
+		contended:  true, // it had to wait
 		ready:      make(chan struct{}),
 		acquiredAt: now,
 		ttl:        req.cfg.ttl,
@@ -212,15 +217,16 @@ func (s *Service) release(ctx context.Context, p *Permit) (bool, error) {
 	p.mu.Lock()
 	live := time.Until(p.deadline) > releaseMargin
 	p.mu.Unlock()
-	if !live {
-		// The lease may have run out: the store's clock decides.
+	if !live || p.contended {
+		// The lease may have run out: the store's clock decides. Or
+		// someone likely waits: one call frees the seat and wakes them.
 		n, err := s.batch.run(releaseScript, []string{p.k.holders, p.k.queue}, p.member, p.capacity, s.wakePrefix(), p.key).Int()
 		return n == 1, err
 	}
 	// The lease surely runs on the store (it started after the local
 	// deadline's count began), so the member still being there is all that
 	// "held" needs: two plain commands instead of a script. Waking the line,
-	// if anyone waits, is a second call.
+	// if someone came to wait since the seat was taken, is a second call.
 	zrem := redis.NewIntCmd(ctx, "zrem", p.k.holders, p.member)
 	waiting := redis.NewIntCmd(ctx, "zcard", p.k.queue)
 	s.batch.do(zrem, waiting)

@@ -26,7 +26,7 @@
 -- Reply: {granted 1|0, now ms, released 1 held|0 lost|-1 none, earliest
 --         lease expiry ms (0 if none or granted), first ticket of another
 --         entry in line ('' if none), now µs ('' when granted: now ms
---         serves)}
+--         serves), entries in line after the call}
 
 local holders, queue, qexp = KEYS[1], KEYS[2], KEYS[3]
 local ttl = tonumber(ARGV[2])
@@ -141,4 +141,4 @@ if granted == 0 then
   local e = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
   if #e > 0 then earliest = tonumber(e[2]) end
 end
-return {granted, now, released, earliest, other, nowus}
+return {granted, now, released, earliest, other, nowus, waiting}
