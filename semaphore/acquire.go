@@ -154,11 +154,11 @@ func (s *Service) attempt(req request, entry, ticket, next, release string) (att
 	for len(args) > 7 && args[len(args)-1] == "" {
 		args = args[:len(args)-1] // the script reads absent optional arguments as ''
 	}
-	vals, err := s.batch.run(acquireScript, []string{k.holders, k.queue, k.qexp}, args...).Slice()
+	vals, err := s.batch.of(k.holders).run(acquireScript, []string{k.holders, k.queue, k.qexp}, args...).Slice()
 	if err != nil {
 		return res, err
 	}
-	var nums [7]int64
+	var nums [8]int64
 	if len(vals) != len(nums) {
 		return res, fmt.Errorf("semaphore: acquire script replied %d values", len(vals))
 	}
@@ -174,12 +174,9 @@ func (s *Service) attempt(req request, entry, ticket, next, release string) (att
 		res.earliest = time.UnixMilli(nums[3])
 	}
 	res.other = nums[4]
-	res.nowMicros = nums[5]
-	res.waiting = nums[6]
-	if res.nowMicros == 0 {
-		res.nowMicros = nums[1] * 1000
-	}
-	s.clock.observe(res.nowMicros, res.sent)
+	res.nowMicros = nums[5]*1e6 + nums[6]
+	res.waiting = nums[7]
+	s.clock.observe(res.nowMicros, res.sent, time.Now())
 	return res, nil
 }
 

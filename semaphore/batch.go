@@ -3,6 +3,7 @@ package semaphore
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -137,4 +138,61 @@ func (b *batcher) send(batch []*evalCall) {
 		c.cmd = c.script.Eval(ctx, pipe, c.keys, c.args...)
 	}
 	_, _ = pipe.Exec(ctx)
+}
+
+// batchers hands out the batcher for a key. On a Redis Cluster there is
+// one per hash slot, so that a batch only waits for the node its calls go
+// to (a pipeline over several nodes waits for the slowest); elsewhere one
+// batcher serves every key.
+type batchers struct {
+	rdb     redis.UniversalClient
+	one     *batcher // nil on a cluster
+	mu      sync.Mutex
+	perSlot map[uint16]*batcher // at most 16384
+}
+
+func newBatchers(rdb redis.UniversalClient) *batchers {
+	if _, cluster := rdb.(*redis.ClusterClient); cluster {
+		return &batchers{rdb: rdb, perSlot: make(map[uint16]*batcher)}
+	}
+	return &batchers{rdb: rdb, one: &batcher{rdb: rdb}}
+}
+
+// of returns the batcher for calls on key (a Redis key name).
+func (bs *batchers) of(key string) *batcher {
+	if bs.one != nil {
+		return bs.one
+	}
+	slot := keySlot(key)
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	b := bs.perSlot[slot]
+	if b == nil {
+		b = &batcher{rdb: bs.rdb}
+		bs.perSlot[slot] = b
+	}
+	return b
+}
+
+// keySlot is the Redis Cluster hash slot of a key: CRC16 (XMODEM) of its
+// hash tag (what stands between the first "{" and the next "}", when not
+// empty) or of the whole name, modulo 16384.
+func keySlot(key string) uint16 {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	var crc uint16
+	for i := 0; i < len(key); i++ {
+		crc ^= uint16(key[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc % 16384
 }

@@ -16,3 +16,6 @@ func (s *Service) LocalWaiters(key string) int {
 // LocalHandOvers counts the seats s handed to a local waiter in memory
 // (the store learning of it one call later), for tests.
 func (s *Service) LocalHandOvers() int64 { return s.localHandOvers.Load() }
+
+// KeySlot is the Redis Cluster hash slot of a key name, for tests.
+func KeySlot(key string) uint16 { return keySlot(key) }

@@ -262,3 +262,21 @@ func TestHolderLabelsAnyText(t *testing.T) {
 		t.Fatalf("used %d", n)
 	}
 }
+
+// TestKeySlot: the slots the batcher groups calls by on a cluster are the
+// cluster's own (CLUSTER KEYSLOT), hash tags included.
+func TestKeySlot(t *testing.T) {
+	cluster := redistest.StartCluster(t, 3)
+	rdb := cluster.Client(t)
+	ctx := context.Background()
+	for _, k := range []string{"", "a", "foo", "123456789", "fleetcap:sem:{alpha}:holders", "{user1000}.following",
+		"foo{}{bar}", "foo{{bar}}zap", "foo{bar}{zap}", "{}", "x{", "x}{y}", "päth/ü"} {
+		want, err := rdb.ClusterKeySlot(ctx, k).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := semaphore.KeySlot(k); int64(got) != want {
+			t.Errorf("slot of %q: %d, want %d", k, got, want)
+		}
+	}
+}

@@ -459,7 +459,7 @@ func (s *Service) handOverLocally(p *Permit) (held, handed bool, err error) {
 	sent := time.Now()
 	call := &evalCall{script: handoffScript, keys: []string{k.holders, k.queue, k.qexp},
 		args: []any{p.member, q.member, q.ttl.Milliseconds(), s.id, next, lineEntryTTL.Milliseconds()}}
-	s.batch.submit(call)
+	s.batch.of(k.holders).submit(call)
 	s.localHandOvers.Add(1)
 	head.handed = true
 	l.settle(head, q, nil)
@@ -486,7 +486,7 @@ func (s *Service) handOverLocally(p *Permit) (held, handed bool, err error) {
 		return false, true, err
 	}
 	l.noteOther(nums[2])
-	s.clock.observe(nums[3], sent)
+	s.clock.observe(nums[3], sent, time.Now())
 	q.handOverDone(nums[0] == 1, time.UnixMilli(nums[1]))
 	return nums[0] == 1, true, nil
 }

@@ -220,7 +220,7 @@ func (s *Service) release(ctx context.Context, p *Permit) (bool, error) {
 	if !live || p.contended {
 		// The lease may have run out: the store's clock decides. Or
 		// someone likely waits: one call frees the seat and wakes them.
-		n, err := s.batch.run(releaseScript, []string{p.k.holders, p.k.queue}, p.member, p.capacity, s.wakePrefix(), p.key).Int()
+		n, err := s.batch.of(p.k.holders).run(releaseScript, []string{p.k.holders, p.k.queue}, p.member, p.capacity, s.wakePrefix(), p.key).Int()
 		return n == 1, err
 	}
 	// The lease surely runs on the store (it started after the local
@@ -229,7 +229,7 @@ func (s *Service) release(ctx context.Context, p *Permit) (bool, error) {
 	// if someone came to wait since the seat was taken, is a second call.
 	zrem := redis.NewIntCmd(ctx, "zrem", p.k.holders, p.member)
 	waiting := redis.NewIntCmd(ctx, "zcard", p.k.queue)
-	s.batch.do(zrem, waiting)
+	s.batch.of(p.k.holders).do(zrem, waiting)
 	if err := zrem.Err(); err != nil {
 		return false, err
 	}
@@ -237,7 +237,7 @@ func (s *Service) release(ctx context.Context, p *Permit) (bool, error) {
 		return false, nil
 	}
 	if waiting.Err() == nil && waiting.Val() > 0 {
-		if err := s.batch.run(wakeScript, []string{p.k.holders, p.k.queue}, p.capacity, s.wakePrefix(), p.key).Err(); err != nil {
+		if err := s.batch.of(p.k.holders).run(wakeScript, []string{p.k.holders, p.k.queue}, p.capacity, s.wakePrefix(), p.key).Err(); err != nil {
 			s.log.Warn("semaphore: wake the waiting line after a release (they retry on backoff)", "key", p.key, "err", err)
 		}
 	}

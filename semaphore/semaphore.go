@@ -74,7 +74,7 @@ type Options struct {
 // concurrent use; one Service per process is the intended shape.
 type Service struct {
 	rdb    redis.UniversalClient
-	batch  *batcher // the hot script calls go through it
+	batch  *batchers // the hot calls go through them
 	prefix string
 	ttl    time.Duration
 	log    *slog.Logger
@@ -117,7 +117,7 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 	}
 	return &Service{
 		rdb:      rdb,
-		batch:    &batcher{rdb: rdb},
+		batch:    newBatchers(rdb),
 		prefix:   opts.Prefix,
 		ttl:      opts.DefaultTTL,
 		log:      opts.Logger,
@@ -293,7 +293,10 @@ type clockOffset struct {
 	known  bool
 }
 
-func (c *clockOffset) observe(serverMicros int64, local time.Time) {
+// observe takes the server time a call read, sent at local time sent and
+// answered at received: the server read it about halfway between.
+func (c *clockOffset) observe(serverMicros int64, sent, received time.Time) {
+	local := sent.Add(received.Sub(sent) / 2)
 	c.mu.Lock()
 	c.offset = time.UnixMicro(serverMicros).Sub(local)
 	c.known = true

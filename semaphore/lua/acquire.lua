@@ -25,8 +25,9 @@
 --
 -- Reply: {granted 1|0, now ms, released 1 held|0 lost|-1 none, earliest
 --         lease expiry ms (0 if none or granted), first ticket of another
---         entry in line ('' if none), now µs ('' when granted: now ms
---         serves), entries in line after the call}
+--         entry in line ('' if none), now: seconds, now: microseconds
+--         within the second (TIME's own two strings, unformatted), entries
+--         in line after the call}
 
 local holders, queue, qexp = KEYS[1], KEYS[2], KEYS[3]
 local ttl = tonumber(ARGV[2])
@@ -103,12 +104,9 @@ if free > 0 then
   end
 end
 
-local nowus = ''
-if granted == 0 then
-  nowus = t[1] .. string.format('%06d', tonumber(t[2]))
-end
 if granted == 0 and entry ~= '' then
   if ticket == '' then
+    local nowus = t[1] .. string.format('%06d', tonumber(t[2]))
     waiting = waiting + redis.call('ZADD', queue, 'NX', nowus, entry)
   else
     waiting = waiting + redis.call('ZADD', queue, ticket, entry)
@@ -141,4 +139,4 @@ if granted == 0 then
   local e = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
   if #e > 0 then earliest = tonumber(e[2]) end
 end
-return {granted, now, released, earliest, other, nowus, waiting}
+return {granted, now, released, earliest, other, t[1], t[2], waiting}
