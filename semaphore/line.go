@@ -23,7 +23,11 @@ var errNoWaiter = errors.New("semaphore: no waiter in line")
 // message (a release, a departure or a force-release elsewhere publishes to
 // the Services first in line), by a timer on the soonest lease expiry, or by
 // a backoff with jitter that is only the safety net. A local release hands
-// its seat straight to the first local waiter in the same script call.
+// its seat to the first local waiter: at once, in memory, when no other
+// process is known to wait ahead of it and the lease runs long enough
+// (one script call then moves the seat on the store, see handOverLocally);
+// otherwise through the store, in the releasing script call, which
+// respects the fleet-wide line.
 
 const (
 	// lineEntryTTL is how long a line's entry in Redis outlives its last
