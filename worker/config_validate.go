@@ -45,12 +45,12 @@ func (c *Config) validateRedis(v *validator) {
 		}
 	}
 	for i, a := range r.ClusterAddrs {
-		if err := checkHostPort(a); err != nil {
+		if err := checkHostPort(a, 1); err != nil {
 			v.add(fmt.Sprintf("redis.cluster_addrs[%d]", i), "%v", err)
 		}
 	}
 	if r.Embedded() {
-		if err := checkHostPort(r.EmbeddedAddr); err != nil {
+		if err := checkHostPort(r.EmbeddedAddr, 1); err != nil {
 			v.add("redis.embedded_addr", "%v", err)
 		}
 	}
@@ -92,7 +92,8 @@ func (c *Config) validateSemaphore(v *validator) {
 }
 
 func (c *Config) validateMonitoring(v *validator) {
-	if err := checkHostPort(c.Monitoring.Addr); err != nil {
+	// Port 0 picks a free port (the worker prints where its pages are).
+	if err := checkHostPort(c.Monitoring.Addr, 0); err != nil {
 		v.add("monitoring.addr", "%v", err)
 	}
 }
@@ -215,13 +216,13 @@ func checkConsistent(v *validator, keys map[string]declaredCap, field string, cp
 }
 
 // checkHostPort checks a host:port address.
-func checkHostPort(addr string) error {
+func checkHostPort(addr string, minPort int) error {
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("want host:port, got %q", addr)
 	}
-	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return fmt.Errorf("port must be a number in 1..65535, got %q", port)
+	if n, err := strconv.Atoi(port); err != nil || n < minPort || n > 65535 {
+		return fmt.Errorf("port must be a number in %d..65535, got %q", minPort, port)
 	}
 	return nil
 }
