@@ -16,6 +16,7 @@ import (
 
 	"github.com/fleetcap/fleetcap/internal/fleettest"
 	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/semaphore"
 )
 
 var probeBin string
@@ -147,6 +148,38 @@ func (f *fleet) check(ctx context.Context, tasks, capacity int) {
 	}
 }
 
+// semHolders returns a function listing the task IDs holding seats of key.
+func (f *fleet) semHolders(t *testing.T, key string) func() []string {
+	s, err := semaphore.New(f.srv.Client(), semaphore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return func() []string {
+		hs, err := s.Holders(context.Background(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, h := range hs {
+			ids = append(ids, h.Label)
+		}
+		return ids
+	}
+}
+
+func intersect(a, b []string) []string {
+	var out []string
+	for _, x := range a {
+		for _, y := range b {
+			if x == y {
+				out = append(out, x)
+			}
+		}
+	}
+	return out
+}
+
 func capYAML(mode string, capacity int, ttl string) string {
 	return fmt.Sprintf("    semaphore:\n      key: probe-cap\n      capacity: %d\n      mode: %s\n      ttl: %s\n      wait_timeout: 2s\n", capacity, mode, ttl)
 }
@@ -174,26 +207,33 @@ func TestFleetSurvivesSIGKILL(t *testing.T) {
 		t.Skip("waits for asynq's recoverer (about a minute)")
 	}
 	const tasks, capacity = 30, 3
-	f := startFleet(t, 3, 4, capYAML("requeue", capacity, "2s"))
+	// The victim starts alone, so that the seats it takes are surely its own.
+	f := startFleet(t, 1, 4, capYAML("requeue", capacity, "2s"))
 	ctx := context.Background()
 	f.enqueue(tasks, 300)
 	victim := f.procs[0]
-	// Kill it once it is running something.
+	holders := f.semHolders(t, "probe-cap")
+	var held []string
 	deadline := time.Now().Add(30 * time.Second)
-	for {
-		active, err := f.insp.ListActiveTasks("default")
-		if err == nil && len(active) > 0 {
-			if n, _ := f.counters.Done(ctx); n >= 3 {
-				break
-			}
-		}
+	for len(held) == 0 {
+		held = holders()
 		if time.Now().After(deadline) {
-			t.Fatal("no task started")
+			t.Fatal("the victim never took a seat")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	f.add("w1")
+	f.add("w2")
+	victim.Kill()
+	start := time.Now()
+	// Its seats lapse within their TTL (2s), though nobody released them.
+	for len(intersect(holders(), held)) > 0 {
+		if time.Since(start) > 3*time.Second {
+			t.Fatalf("seats of the killed worker still held %s after the kill (TTL 2s)", time.Since(start))
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	victim.Kill()
-	start := time.Now()
+	t.Logf("the killed worker's seats lapsed %s after the kill", time.Since(start).Round(time.Millisecond))
 	if err := f.counters.WaitDone(ctx, tasks, 4*time.Minute, f.procsAlive(victim)); err != nil {
 		t.Fatal(err)
 	}

@@ -368,5 +368,7 @@ func (w *Worker) requeueCopy(ctx context.Context, taskType string, t *asynq.Task
 		}
 	}
 	w.log.Info("worker: no seat and no retry left: requeued as a copy", "key", rq.key, "id", taskID, "copy", info.ID, "why", rq.why)
-	return fmt.Errorf("fleetcap: no seat of %q (%s); requeued as task %s: %w", rq.key, rq.why, info.ID, asynq.RevokeTask)
+	// RevokeTask drops the original as done; the RequeueError keeps it out
+	// of the failures.
+	return fmt.Errorf("requeued as task %s: %w: %w", info.ID, &RequeueError{Key: rq.key, Why: rq.why, Err: rq.err}, asynq.RevokeTask)
 }

@@ -82,6 +82,9 @@ func (p *Proc) Log() string {
 	return ""
 }
 
+// PID is the process ID.
+func (p *Proc) PID() int { return p.cmd.Process.Pid }
+
 // Signal sends sig to the process.
 func (p *Proc) Signal(sig syscall.Signal) error { return p.cmd.Process.Signal(sig) }
 
@@ -241,10 +244,18 @@ func (c *Counters) WaitDone(ctx context.Context, n int, within time.Duration, ch
 	}
 }
 
-// Config is a probe fleet's config.yaml.
+// Config is a probe fleet's config.yaml: the probe task type on queue
+// (empty: "default") with the caps in capYAML (indented for
+// tasks.probe).
 func Config(redisURL string, concurrency int, capYAML string) string {
+	return ConfigOn(redisURL, "default", concurrency, capYAML)
+}
+
+// ConfigOn is Config with the probes on a queue of their own.
+func ConfigOn(redisURL, queue string, concurrency int, capYAML string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "redis:\n  url: %q\nworker:\n  concurrency: %d\n  shutdown_timeout: 5s\nmonitoring:\n  addr: 127.0.0.1:0\ntasks:\n  probe:\n    max_retry: 3\n", redisURL, concurrency)
+	fmt.Fprintf(&b, "redis:\n  url: %q\nworker:\n  concurrency: %d\n  queues: {%q: 1}\n  shutdown_timeout: 5s\nmonitoring:\n  addr: 127.0.0.1:0\n", redisURL, concurrency, queue)
+	fmt.Fprintf(&b, "tasks:\n  probe:\n    queue: %q\n    max_retry: 3\n", queue)
 	b.WriteString(capYAML)
 	return b.String()
 }

@@ -87,12 +87,30 @@ type counter struct {
 	p   string
 }
 
-// raise sets KEYS[1] to ARGV[1] when larger; with KEYS[2] a hash field.
-var raise = redis.NewScript(`
-local cur
-if ARGV[2] ~= '' then cur = redis.call('HGET', KEYS[1], ARGV[2]) else cur = redis.call('GET', KEYS[1]) end
-if (not cur) or tonumber(cur) < tonumber(ARGV[1]) then
-  if ARGV[2] ~= '' then redis.call('HSET', KEYS[1], ARGV[2], ARGV[1]) else redis.call('SET', KEYS[1], ARGV[1]) end
+// startScript counts a probe in: first start, in-flight counts and their
+// peaks (overall, and per tenant when ARGV[2] is set). One round trip, so
+// that counting adds little to the time a seat is held.
+var startScript = redis.NewScript(`
+redis.call('SETNX', KEYS[1] .. 'first', ARGV[1])
+local n = redis.call('INCR', KEYS[1] .. 'inflight')
+local m = tonumber(redis.call('GET', KEYS[1] .. 'max') or '0')
+if n > m then redis.call('SET', KEYS[1] .. 'max', n) end
+if ARGV[2] ~= '' then
+  local tn = redis.call('INCR', KEYS[1] .. 'inflight:' .. ARGV[2])
+  local tm = tonumber(redis.call('HGET', KEYS[1] .. 'tmax', ARGV[2]) or '0')
+  if tn > tm then redis.call('HSET', KEYS[1] .. 'tmax', ARGV[2], tn) end
+end
+return n`)
+
+// endScript counts a probe out; ARGV[3] = 1 when it finished (not
+// cancelled).
+var endScript = redis.NewScript(`
+redis.call('DECR', KEYS[1] .. 'inflight')
+if ARGV[2] ~= '' then redis.call('DECR', KEYS[1] .. 'inflight:' .. ARGV[2]) end
+if ARGV[3] == '1' then
+  redis.call('SET', KEYS[1] .. 'last', ARGV[1])
+  redis.call('SADD', KEYS[1] .. 'done', ARGV[4])
+  redis.call('INCR', KEYS[1] .. 'runs')
 end
 return 1`)
 
@@ -103,19 +121,9 @@ func (c *counter) handle(ctx context.Context, t *asynq.Task) error {
 	}
 	id, _ := asynq.GetTaskID(ctx)
 	bg := context.WithoutCancel(ctx)
-	now := time.Now().UnixMilli()
-	c.rdb.SetNX(bg, c.p+"first", now, 0)
-	n, err := c.rdb.Incr(bg, c.p+"inflight").Result()
-	if err != nil {
+	keys := []string{c.p}
+	if err := startScript.Run(bg, c.rdb, keys, time.Now().UnixMilli(), p.Tenant).Err(); err != nil {
 		return err
-	}
-	raise.Run(bg, c.rdb, []string{c.p + "max"}, n, "")
-	if p.Tenant != "" {
-		tn, err := c.rdb.Incr(bg, c.p+"inflight:"+p.Tenant).Result()
-		if err != nil {
-			return err
-		}
-		raise.Run(bg, c.rdb, []string{c.p + "tmax"}, tn, p.Tenant)
 	}
 	var runErr error
 	select {
@@ -123,21 +131,20 @@ func (c *counter) handle(ctx context.Context, t *asynq.Task) error {
 	case <-ctx.Done():
 		runErr = ctx.Err()
 	}
-	if p.Tenant != "" {
-		c.rdb.Decr(bg, c.p+"inflight:"+p.Tenant)
+	if runErr == nil && p.Fail {
+		if retried, _ := asynq.GetRetryCount(ctx); retried == 0 {
+			runErr = fmt.Errorf("probe: asked to fail once")
+		}
 	}
-	c.rdb.Decr(bg, c.p+"inflight")
+	finished := "0"
+	if runErr == nil {
+		finished = "1"
+	}
+	if err := endScript.Run(bg, c.rdb, keys, time.Now().UnixMilli(), p.Tenant, finished, id).Err(); err != nil {
+		return err
+	}
 	if runErr != nil {
 		return runErr
 	}
-	if p.Fail {
-		retried, _ := asynq.GetRetryCount(ctx)
-		if retried == 0 {
-			return fmt.Errorf("probe: asked to fail once")
-		}
-	}
-	c.rdb.Set(bg, c.p+"last", time.Now().UnixMilli(), 0)
-	c.rdb.SAdd(bg, c.p+"done", id)
-	c.rdb.Incr(bg, c.p+"runs")
 	return nil
 }
