@@ -256,9 +256,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := srv.Start(handler); err != nil {
 		return fmt.Errorf("worker: start: %w", err)
 	}
+	recoverCtx, stopRecover := context.WithCancel(context.Background())
+	defer stopRecover()
+	go w.recoverLoop(recoverCtx)
 	w.log.Info("worker: serving", "queues", w.cfg.Worker.Queues, "concurrency", w.cfg.Worker.Concurrency,
 		"capped_task_types", w.caps.types(), "embedded_redis", w.embedded != nil)
 	<-ctx.Done()
+	stopRecover()
 	w.log.Info("worker: shutting down", "timeout", w.cfg.Worker.ShutdownTimeout)
 	srv.Stop()        // no new tasks
 	_ = w.sem.Close() // waiters abort and requeue; renewal stops
