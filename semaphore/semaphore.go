@@ -22,7 +22,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -47,7 +46,6 @@ var (
 	releaseScript      = script("release.lua")
 	extendScript       = script("extend.lua")
 	leaveScript        = script("leave.lua")
-	handoffScript      = script("handoff.lua")
 	forceReleaseScript = script("forcerelease.lua")
 	holdersScript      = script("holders.lua")
 	heldScript         = script("held.lua")
@@ -72,7 +70,6 @@ type Options struct {
 // concurrent use; one Service per process is the intended shape.
 type Service struct {
 	rdb    redis.UniversalClient
-	batch  *batcher // the hot script calls go through it
 	prefix string
 	ttl    time.Duration
 	log    *slog.Logger
@@ -113,7 +110,6 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 	}
 	return &Service{
 		rdb:      rdb,
-		batch:    &batcher{rdb: rdb},
 		prefix:   opts.Prefix,
 		ttl:      opts.DefaultTTL,
 		log:      opts.Logger,
@@ -127,30 +123,13 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 }
 
 // keys are the Redis keys of one semaphore; they share the hash tag {key}.
-// A holder's label travels inside its member of holders (see member).
 type keys struct {
-	holders, queue, qexp string
+	holders, labels, queue, qexp string
 }
 
 func (s *Service) keysFor(key string) keys {
 	base := s.prefix + "{" + key + "}:"
-	return keys{holders: base + "holders", queue: base + "queue", qexp: base + "qexp"}
-}
-
-// member is a permit's member of the holders ZSET: its id, and its label
-// after a newline when it has one (ids are hex, so the first newline ends
-// the id), so that a seat and its label come and go in one command.
-func member(id, label string) string {
-	if label == "" {
-		return id
-	}
-	return id + "\n" + label
-}
-
-// splitMember is the inverse of member.
-func splitMember(m string) (id, label string) {
-	id, label, _ = strings.Cut(m, "\n")
-	return id, label
+	return keys{holders: base + "holders", labels: base + "labels", queue: base + "queue", qexp: base + "qexp"}
 }
 
 // wakePrefix is the prefix of the channels that wake a waiting Service; the
@@ -177,7 +156,7 @@ func (s *Service) UsedPermits(ctx context.Context, key string) (int, error) {
 		return 0, err
 	}
 	k := s.keysFor(key)
-	n, err := holdersScript.Run(ctx, s.rdb, []string{k.holders}, "count").Int()
+	n, err := holdersScript.Run(ctx, s.rdb, []string{k.holders, k.labels}, "count").Int()
 	if err != nil {
 		return 0, fmt.Errorf("semaphore: used permits of %q: %w", key, err)
 	}
@@ -209,14 +188,14 @@ func (s *Service) Holders(ctx context.Context, key string) ([]Holder, error) {
 		return nil, err
 	}
 	k := s.keysFor(key)
-	vals, err := holdersScript.Run(ctx, s.rdb, []string{k.holders}, "list").Slice()
+	vals, err := holdersScript.Run(ctx, s.rdb, []string{k.holders, k.labels}, "list").Slice()
 	if err != nil {
 		return nil, fmt.Errorf("semaphore: holders of %q: %w", key, err)
 	}
-	out := make([]Holder, 0, (len(vals)-1)/2)
-	for i := 1; i+1 < len(vals); i += 2 {
-		m, _ := vals[i].(string)
-		id, label := splitMember(m)
+	out := make([]Holder, 0, (len(vals)-1)/3)
+	for i := 1; i+2 < len(vals); i += 3 {
+		id, _ := vals[i].(string)
+		label, _ := vals[i+2].(string)
 		ms, err := strconv.ParseFloat(fmt.Sprint(vals[i+1]), 64)
 		if err != nil {
 			return nil, fmt.Errorf("semaphore: holders of %q: bad expiry %v", key, vals[i+1])
@@ -234,7 +213,7 @@ func (s *Service) ForceReleaseAll(ctx context.Context, key string) (int, error) 
 		return 0, err
 	}
 	k := s.keysFor(key)
-	n, err := forceReleaseScript.Run(ctx, s.rdb, []string{k.holders, k.queue}, s.wakePrefix(), key).Int()
+	n, err := forceReleaseScript.Run(ctx, s.rdb, []string{k.holders, k.labels, k.queue}, s.wakePrefix(), key).Int()
 	if err != nil {
 		return 0, fmt.Errorf("semaphore: force release of %q: %w", key, err)
 	}

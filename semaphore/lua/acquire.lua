@@ -1,84 +1,74 @@
 -- acquire.lua: one attempt to take a seat, first-come-first-served across
 -- the fleet; optionally hands over a seat being released by the caller.
 --
--- KEYS[1] holders  ZSET member -> lease expiry (server ms); a member is the
---                  permit id, or the permit id, "\n" and the holder label
--- KEYS[2] queue    ZSET waiter entry -> ticket (arrival, server µs)
--- KEYS[3] qexp     ZSET waiter entry -> entry expiry (server ms)
--- ARGV[1] member to grant
+-- KEYS[1] holders  ZSET permit id -> lease expiry (server ms)
+-- KEYS[2] labels   HASH permit id -> holder label
+-- KEYS[3] queue    ZSET waiter entry -> ticket (arrival, server µs)
+-- KEYS[4] qexp     ZSET waiter entry -> entry expiry (server ms)
+-- ARGV[1] permit id to grant
 -- ARGV[2] lease TTL, ms
 -- ARGV[3] capacity
--- ARGV[4] waiter entry ('' for a one-shot try that never queues)
--- ARGV[5] the waiter's ticket ('' for now)
--- ARGV[6] after a grant: '' drops the entry, a ticket re-queues it with it
--- ARGV[7] queue entry TTL, ms
--- ARGV[8] member to release first ('' for none): a hand-over
--- ARGV[9] wake channel prefix (the entry's name is appended)
--- ARGV[10] the semaphore key, sent as the wake message
+-- ARGV[4] holder label ('' for none)
+-- ARGV[5] waiter entry ('' for a one-shot try that never queues)
+-- ARGV[6] the waiter's ticket ('' for now)
+-- ARGV[7] after a grant: '' drops the entry, a number re-queues it with that ticket
+-- ARGV[8] queue entry TTL, ms
+-- ARGV[9] permit id to release first ('' for none): a hand-over
+-- ARGV[10] wake channel prefix (the entry's name is appended)
+-- ARGV[11] the semaphore key, sent as the wake message
 --
 -- Tickets are integers of 16 digits: they travel as strings, because Lua
 -- would print such a number with 14 significant digits.
 --
--- The holders key lives at least as long as its longest lease: a grant
--- whose lease would outlive the key sets the key's expiry to twice the
--- lease, so most grants leave the expiry alone.
---
 -- Reply: {granted 1|0, now ms, released 1 held|0 lost|-1 none, earliest
---         lease expiry ms (0 if none or granted), first ticket of another
---         entry in line ('' if none), now µs}
+--         lease expiry ms (0 if none), used seats, now µs}
 
-local holders, queue, qexp = KEYS[1], KEYS[2], KEYS[3]
+local holders, labels, queue, qexp = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local ttl = tonumber(ARGV[2])
 local capacity = tonumber(ARGV[3])
-local entry = ARGV[4]
+local entry = ARGV[5]
+local qttl = tonumber(ARGV[8])
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local nowus = t[1] .. string.format('%06d', tonumber(t[2]))
 
 local released = -1
-local freed = false
-if ARGV[8] ~= '' then
-  local s = redis.call('ZSCORE', holders, ARGV[8])
+if ARGV[9] ~= '' then
+  local s = redis.call('ZSCORE', holders, ARGV[9])
   released = 0
   if s then
-    redis.call('ZREM', holders, ARGV[8])
-    if tonumber(s) > now then
-      released = 1
-      freed = true
-    end
+    if tonumber(s) > now then released = 1 end
+    redis.call('ZREM', holders, ARGV[9])
+    redis.call('HDEL', labels, ARGV[9])
   end
 end
-if redis.call('ZREMRANGEBYSCORE', holders, '-inf', now) > 0 then
+
+local freed = released == 1
+local dead = redis.call('ZRANGEBYSCORE', holders, '-inf', now, 'LIMIT', 0, 1000)
+if #dead > 0 then
+  redis.call('ZREM', holders, unpack(dead))
+  redis.call('HDEL', labels, unpack(dead))
   freed = true
+end
+local gone = redis.call('ZRANGEBYSCORE', qexp, '-inf', now, 'LIMIT', 0, 1000)
+if #gone > 0 then
+  redis.call('ZREM', qexp, unpack(gone))
+  redis.call('ZREM', queue, unpack(gone))
 end
 
 local used = redis.call('ZCARD', holders)
 local free = capacity - used
--- The line is empty on the fast path: then no queue work at all.
-local waiting = redis.call('ZCARD', queue)
-if waiting > 0 then
-  local gone = redis.call('ZRANGEBYSCORE', qexp, '-inf', now, 'LIMIT', 0, 100)
-  if #gone > 0 then
-    redis.call('ZREM', qexp, unpack(gone))
-    waiting = waiting - redis.call('ZREM', queue, unpack(gone))
-  end
-end
-
 local granted = 0
 if free > 0 then
-  local ahead = 0
-  if waiting > 0 then
-    if entry == '' or ARGV[5] == '' then
-      ahead = waiting
-      if entry ~= '' and redis.call('ZSCORE', queue, entry) then ahead = ahead - 1 end
-    else
-      ahead = redis.call('ZCOUNT', queue, '-inf', '(' .. ARGV[5])
-      if ahead > 0 and redis.call('ZSCORE', queue, entry) == false then
-        -- a waiter whose entry is not queued is behind every queued entry
-        ahead = waiting
-      end
-    end
+  local ticket = nowus
+  if ARGV[6] ~= '' then ticket = ARGV[6] end
+  local ahead = redis.call('ZCOUNT', queue, '-inf', '(' .. ticket)
+  if entry == '' then
+    ahead = redis.call('ZCARD', queue)
+  elseif ahead > 0 and redis.call('ZSCORE', queue, entry) == false then
+    -- a newcomer that never queued is behind every queued entry
+    ahead = redis.call('ZCARD', queue)
   end
   if ahead < free then
     granted = 1
@@ -86,48 +76,41 @@ if free > 0 then
     free = free - 1
     redis.call('ZADD', holders, now + ttl, ARGV[1])
     if redis.call('PTTL', holders) < ttl then
-      redis.call('PEXPIRE', holders, ttl * 2)
+      redis.call('PEXPIRE', holders, ttl)
+    end
+    if ARGV[4] ~= '' then
+      redis.call('HSET', labels, ARGV[1], ARGV[4])
+      redis.call('PEXPIRE', labels, redis.call('PTTL', holders))
     end
     if entry ~= '' then
-      if ARGV[6] ~= '' then
-        redis.call('ZADD', queue, ARGV[6], entry)
-        redis.call('ZADD', qexp, now + tonumber(ARGV[7]), entry)
-        redis.call('PEXPIRE', queue, ARGV[7] * 2)
-        redis.call('PEXPIRE', qexp, ARGV[7] * 2)
-        waiting = waiting + 1
-      elseif waiting > 0 then
-        waiting = waiting - redis.call('ZREM', queue, entry)
+      if ARGV[7] == '' then
+        redis.call('ZREM', queue, entry)
         redis.call('ZREM', qexp, entry)
+      else
+        redis.call('ZADD', queue, ARGV[7], entry)
+        redis.call('ZADD', qexp, now + qttl, entry)
       end
     end
   end
 end
 
 if granted == 0 and entry ~= '' then
-  if ARGV[5] == '' then
-    waiting = waiting + redis.call('ZADD', queue, 'NX', nowus, entry)
+  if ARGV[6] == '' then
+    redis.call('ZADD', queue, 'NX', nowus, entry)
   else
-    waiting = waiting + redis.call('ZADD', queue, ARGV[5], entry)
+    redis.call('ZADD', queue, ARGV[6], entry)
   end
-  redis.call('ZADD', qexp, now + tonumber(ARGV[7]), entry)
-  redis.call('PEXPIRE', queue, ARGV[7] * 2)
-  redis.call('PEXPIRE', qexp, ARGV[7] * 2)
+  redis.call('ZADD', qexp, now + qttl, entry)
+  redis.call('PEXPIRE', queue, qttl * 2)
+  redis.call('PEXPIRE', qexp, qttl * 2)
 end
 
--- the entries first in line, to wake (seats this call freed and did not
--- take) and to report the first other waiter
-local other = ''
-if waiting > 0 and (entry ~= '' or (freed and free > 0)) then
-  local wake = 0
-  if freed and free > 0 then wake = free end
-  local first = redis.call('ZRANGE', queue, 0, math.max(wake, 1), 'WITHSCORES')
-  for i = 1, #first, 2 do
-    local e = first[i]
+-- seats this call freed and did not take: wake the entries first in line
+if freed and free > 0 then
+  local first = redis.call('ZRANGE', queue, 0, free - 1)
+  for _, e in ipairs(first) do
     if e ~= entry then
-      if other == '' then other = first[i + 1] end
-      if (i + 1) / 2 <= wake then
-        redis.call('PUBLISH', ARGV[9] .. e, ARGV[10])
-      end
+      redis.call('PUBLISH', ARGV[10] .. e, ARGV[11])
     end
   end
 end
@@ -137,4 +120,4 @@ if granted == 0 then
   local e = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
   if #e > 0 then earliest = tonumber(e[2]) end
 end
-return {granted, now, released, earliest, other, nowus}
+return {granted, now, released, earliest, used, nowus}

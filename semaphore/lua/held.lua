@@ -1,7 +1,7 @@
 -- held.lua: whether a permit still holds its seat.
 --
--- KEYS[1] holders  ZSET member -> lease expiry (server ms)
--- ARGV[1] member (permit id, or id "\n" label)
+-- KEYS[1] holders  ZSET permit id -> lease expiry (server ms)
+-- ARGV[1] permit id
 --
 -- Reply: 1 when the seat is held and its lease has not run out, else 0.
 
