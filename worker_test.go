@@ -226,6 +226,9 @@ func TestFleetSurvivesSIGKILL(t *testing.T) {
 	f.add("w2")
 	victim.Kill()
 	start := time.Now()
+	if err := f.counters.ForgetProcess(ctx, victim.PID()); err != nil {
+		t.Fatal(err)
+	}
 	// Its seats lapse within their TTL (2s), though nobody released them.
 	for len(intersect(holders(), held)) > 0 {
 		if time.Since(start) > 3*time.Second {

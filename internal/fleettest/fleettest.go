@@ -202,6 +202,24 @@ func (c *Counters) MaxInflightPerTenant(ctx context.Context) (map[string]int, er
 	return out, nil
 }
 
+// ForgetProcess takes the probes of a killed process out of the in-flight
+// count: they stopped with it. (Their seats stay taken until their leases
+// lapse, so no probe can start in their place before this runs.)
+func (c *Counters) ForgetProcess(ctx context.Context, pid int) error {
+	field := strconv.Itoa(pid)
+	n, err := c.rdb.HGet(ctx, c.p+"byproc", field).Int()
+	if errors.Is(err, redis.Nil) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := c.rdb.DecrBy(ctx, c.p+"inflight", int64(n)).Err(); err != nil {
+		return err
+	}
+	return c.rdb.HDel(ctx, c.p+"byproc", field).Err()
+}
+
 // Makespan is the time from the first probe's start to the last one's end.
 func (c *Counters) Makespan(ctx context.Context) (time.Duration, error) {
 	first, err := c.int(ctx, "first")

@@ -13,6 +13,7 @@
 //	{P}:first, {P}:last              Unix ms of the first start and last end
 //	{P}:done                         a set of finished task IDs
 //	{P}:runs                         how many runs finished (duplicates count)
+//	{P}:byproc                       probes running now per process ID
 package main
 
 import (
@@ -76,7 +77,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer crdb.Close()
-	c := &counter{rdb: crdb, p: "{" + *prefix + "}:"}
+	c := &counter{rdb: crdb, p: "{" + *prefix + "}:", pid: os.Getpid()}
 	w.HandleFunc(TypeProbe, c.handle)
 	fmt.Println("probeworker: ready")
 	return w.Run(ctx)
@@ -85,6 +86,7 @@ func run(ctx context.Context) error {
 type counter struct {
 	rdb redis.UniversalClient
 	p   string
+	pid int
 }
 
 // startScript counts a probe in: first start, in-flight counts and their
@@ -92,6 +94,7 @@ type counter struct {
 // that counting adds little to the time a seat is held.
 var startScript = redis.NewScript(`
 redis.call('SETNX', KEYS[1] .. 'first', ARGV[1])
+redis.call('HINCRBY', KEYS[1] .. 'byproc', ARGV[3], 1)
 local n = redis.call('INCR', KEYS[1] .. 'inflight')
 local m = tonumber(redis.call('GET', KEYS[1] .. 'max') or '0')
 if n > m then redis.call('SET', KEYS[1] .. 'max', n) end
@@ -105,6 +108,7 @@ return n`)
 // endScript counts a probe out; ARGV[3] = 1 when it finished (not
 // cancelled).
 var endScript = redis.NewScript(`
+redis.call('HINCRBY', KEYS[1] .. 'byproc', ARGV[5], -1)
 redis.call('DECR', KEYS[1] .. 'inflight')
 if ARGV[2] ~= '' then redis.call('DECR', KEYS[1] .. 'inflight:' .. ARGV[2]) end
 if ARGV[3] == '1' then
@@ -122,7 +126,7 @@ func (c *counter) handle(ctx context.Context, t *asynq.Task) error {
 	id, _ := asynq.GetTaskID(ctx)
 	bg := context.WithoutCancel(ctx)
 	keys := []string{c.p}
-	if err := startScript.Run(bg, c.rdb, keys, time.Now().UnixMilli(), p.Tenant).Err(); err != nil {
+	if err := startScript.Run(bg, c.rdb, keys, time.Now().UnixMilli(), p.Tenant, c.pid).Err(); err != nil {
 		return err
 	}
 	var runErr error
@@ -140,7 +144,7 @@ func (c *counter) handle(ctx context.Context, t *asynq.Task) error {
 	if runErr == nil {
 		finished = "1"
 	}
-	if err := endScript.Run(bg, c.rdb, keys, time.Now().UnixMilli(), p.Tenant, finished, id).Err(); err != nil {
+	if err := endScript.Run(bg, c.rdb, keys, time.Now().UnixMilli(), p.Tenant, finished, id, c.pid).Err(); err != nil {
 		return err
 	}
 	if runErr != nil {
