@@ -129,19 +129,48 @@ func (w *Worker) capped(taskType string, h asynq.Handler) asynq.Handler {
 			// Never run a task without its cap: its payload is broken.
 			return fmt.Errorf("worker: task %s: %w: %w", taskType, err, asynq.SkipRetry)
 		}
-		held, rq := w.takeSeats(ctx, t, seats)
-		if rq != nil {
+		for tries := 0; ; tries++ {
+			held, rq := w.takeSeats(ctx, t, seats)
+			if rq == nil {
+				return w.runHolding(ctx, taskType, t, h, held)
+			}
+			if rq.park && !w.noRetryLeft(ctx) {
+				parked, err := w.parkTask(ctx, rq)
+				if err == nil && !parked && tries < 10 {
+					continue // a seat was released meanwhile: try again
+				}
+				rq.park = false
+			}
 			return w.requeue(ctx, taskType, t, rq)
 		}
-		return w.runHolding(ctx, taskType, t, h, held)
 	})
+}
+
+// noRetryLeft reports whether asynq would archive the task on any error.
+func (w *Worker) noRetryLeft(ctx context.Context) bool {
+	retried, _ := asynq.GetRetryCount(ctx)
+	maxRetry, _ := asynq.GetMaxRetry(ctx)
+	return retried >= maxRetry
+}
+
+// parkTask parks the running task on rq.key; false when a seat was released
+// since the task last looked.
+func (w *Worker) parkTask(ctx context.Context, rq *requeueRequest) (bool, error) {
+	queue, _ := asynq.GetQueueName(ctx)
+	taskID, _ := asynq.GetTaskID(ctx)
+	parked, err := w.parking.park(ctx, rq.key, rq.seen, queue, taskID)
+	if err != nil {
+		w.log.Warn("worker: park a task (it comes back after its delay)", "key", rq.key, "id", taskID, "err", err)
+	}
+	return parked, err
 }
 
 // requeueRequest says why and how a task goes back without a seat.
 type requeueRequest struct {
 	key  string
 	why  string
-	park bool // wake it when a seat of key frees
+	park bool   // wake it when a seat of key frees
+	seen string // key's release count read before the last try (see parking)
 	err  error
 }
 
@@ -160,6 +189,8 @@ func (w *Worker) takeSeats(ctx context.Context, t *asynq.Task, seats []seat) ([]
 		}
 	}
 	var waitDeadline time.Time
+	waited := false
+	seen := map[string]string{} // release counts read, per full key
 	for {
 		full := -1
 		for i, s := range seats {
@@ -187,27 +218,41 @@ func (w *Worker) takeSeats(ctx context.Context, t *asynq.Task, seats []seat) ([]
 		giveBack()
 
 		s := seats[full]
-		standby := s.spec.Mode == ModeWait
-		if !standby {
-			if s.spec.standby == 0 || !w.caps.enterStandby(s.key, s.spec.standby) {
-				return nil, &requeueRequest{key: s.key, why: "full", park: true}
+		waitMode := s.spec.Mode == ModeWait
+		if !waited && (waitMode || (s.spec.standby > 0 && w.caps.enterStandby(s.key, s.spec.standby))) {
+			if waitDeadline.IsZero() {
+				waitDeadline = time.Now().Add(s.spec.WaitTimeout)
 			}
-		}
-		if waitDeadline.IsZero() {
-			waitDeadline = time.Now().Add(s.spec.WaitTimeout)
-		}
-		p, err := w.waitForSeat(ctx, s, taskID, time.Until(waitDeadline))
-		if !standby {
-			w.caps.leaveStandby(s.key)
-		}
-		if err != nil {
-			rq := w.acquireFailed(s.key, err)
-			if rq.why == "timeout" && !standby {
-				rq.why, rq.park = "full", true
+			p, err := w.waitForSeat(ctx, s, taskID, time.Until(waitDeadline))
+			if !waitMode {
+				w.caps.leaveStandby(s.key)
 			}
-			return nil, rq
+			if err == nil {
+				taken[full] = p
+				continue
+			}
+			if rq := w.acquireFailed(s.key, err); rq.why != "timeout" {
+				return nil, rq
+			}
+			waited = true
+			continue // one more look, then park
 		}
-		taken[full] = p
+		count, ok := seen[s.key]
+		if !ok {
+			// Read the release count, then look once more: a release
+			// between the failed try and parking is not missed.
+			count, err := w.parking.releases(ctx, s.key)
+			if err != nil {
+				return nil, &requeueRequest{key: s.key, why: "error", err: err}
+			}
+			seen[s.key] = count
+			continue
+		}
+		why := "full"
+		if waited {
+			why = "timeout"
+		}
+		return nil, &requeueRequest{key: s.key, why: why, park: true, seen: count}
 	}
 }
 
@@ -324,7 +369,7 @@ func (w *Worker) requeue(ctx context.Context, taskType string, t *asynq.Task, rq
 	}
 	delay := retryDelay
 	switch {
-	case rq.park:
+	case rq.park || rq.why == "full" || rq.why == "timeout":
 		delay = parkDelay
 	case rq.why == "error":
 		delay = outageDelay
@@ -335,11 +380,6 @@ func (w *Worker) requeue(ctx context.Context, taskType string, t *asynq.Task, rq
 	maxRetry, _ := asynq.GetMaxRetry(ctx)
 	if retried >= maxRetry {
 		return w.requeueCopy(ctx, taskType, t, rq, queue, taskID, max(maxRetry-retried, 0), delay)
-	}
-	if rq.park {
-		if err := w.parking.park(ctx, rq.key, queue, taskID); err != nil {
-			w.log.Warn("worker: park a task (it comes back after its delay)", "key", rq.key, "id", taskID, "err", err)
-		}
 	}
 	return &RequeueError{Key: rq.key, Why: rq.why, Delay: delay, Err: rq.err}
 }
@@ -363,8 +403,15 @@ func (w *Worker) requeueCopy(ctx context.Context, taskType string, t *asynq.Task
 		return fmt.Errorf("fleetcap: no seat of %q and no retry left, and enqueueing a copy failed: %w", rq.key, err)
 	}
 	if rq.park {
-		if err := w.parking.park(ctx, rq.key, queue, info.ID); err != nil {
+		parked, err := w.parking.park(ctx, rq.key, rq.seen, queue, info.ID)
+		switch {
+		case err != nil:
 			w.log.Warn("worker: park a task (it comes back after its delay)", "key", rq.key, "id", info.ID, "err", err)
+		case !parked:
+			// A seat was released meanwhile: the copy goes straight to its queue.
+			if err := w.insp.RunTask(queue, info.ID); err != nil {
+				w.log.Warn("worker: run a requeued copy (it comes back after its delay)", "id", info.ID, "err", err)
+			}
 		}
 	}
 	w.log.Info("worker: no seat and no retry left: requeued as a copy", "key", rq.key, "id", taskID, "copy", info.ID, "why", rq.why)
