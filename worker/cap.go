@@ -26,11 +26,71 @@ type capTable struct {
 	byType map[string][]capSpec
 
 	mu       sync.Mutex
-	standing map[string]int // key -> tasks of this process in standby for it
+	standing map[string]int       // key -> tasks of this process in standby for it
+	fullAt   map[string]time.Time // key -> when this process last found it full
+}
+
+// Full hints. A task with several caps first tries the ones this process
+// found full within fullHintFor, so that while one tenant's cap is full its
+// tasks go back without taking (and giving back) a seat of the shared cap
+// first. The hints stay few: a key leaves when a seat of it is taken, and
+// old ones are dropped when there are more than fullHintMax.
+const (
+	fullHintFor = time.Second
+	fullHintMax = 1024
+)
+
+// markFull notes that key was found full.
+func (t *capTable) markFull(key string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := time.Now()
+	if len(t.fullAt) >= fullHintMax {
+		for k, at := range t.fullAt {
+			if now.Sub(at) > fullHintFor {
+				delete(t.fullAt, k)
+			}
+		}
+		if len(t.fullAt) >= fullHintMax {
+			return
+		}
+	}
+	t.fullAt[key] = now
+}
+
+// markFree forgets a full hint once a seat of key was taken.
+func (t *capTable) markFree(key string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.fullAt, key)
+}
+
+// attemptOrder is the order in which a task tries its seats: the seats
+// hinted full first, then the others, each group in key order. The order
+// only saves work: no seat is ever held while waiting, so any order is
+// free of deadlock; waiting itself is for one seat at a time.
+func (t *capTable) attemptOrder(seats []seat) []int {
+	order := make([]int, 0, len(seats))
+	if len(seats) > 1 {
+		t.mu.Lock()
+		now := time.Now()
+		for i, s := range seats {
+			if at, ok := t.fullAt[s.key]; ok && now.Sub(at) <= fullHintFor {
+				order = append(order, i)
+			}
+		}
+		t.mu.Unlock()
+	}
+	for i := range seats {
+		if !slices.Contains(order, i) {
+			order = append(order, i)
+		}
+	}
+	return order
 }
 
 func newCapTable(cfg *Config) (*capTable, error) {
-	t := &capTable{byType: map[string][]capSpec{}, standing: map[string]int{}}
+	t := &capTable{byType: map[string][]capSpec{}, standing: map[string]int{}, fullAt: map[string]time.Time{}}
 	for typ, tc := range cfg.Tasks {
 		for _, c := range tc.Caps() {
 			kt, err := c.KeyTemplate()
@@ -89,7 +149,7 @@ func (w *Worker) seatsFor(specs []capSpec, t *asynq.Task) ([]seat, error) {
 	for _, s := range specs {
 		key, err := s.tmpl.Render(t.Payload())
 		if err != nil {
-			return nil, fmt.Errorf("semaphore key %q: %w", s.Key, err)
+			return nil, err // names the template and the field
 		}
 		capacity := s.CapacityFor(key)
 		if s.tmpl.IsTemplate() {
@@ -98,7 +158,20 @@ func (w *Worker) seatsFor(specs []capSpec, t *asynq.Task) ([]seat, error) {
 		seats = append(seats, seat{spec: s, key: key, capacity: capacity})
 	}
 	slices.SortFunc(seats, func(a, b seat) int { return compareStrings(a.key, b.key) })
-	return seats, nil
+	// Two caps that render one key ("region:{from}" and "region:{to}" of
+	// a task that stays in its region) are one semaphore: one seat of it,
+	// of the smaller capacity, holds both caps.
+	out := seats[:0]
+	for _, s := range seats {
+		if n := len(out); n > 0 && out[n-1].key == s.key {
+			if s.capacity < out[n-1].capacity {
+				out[n-1] = s
+			}
+			continue
+		}
+		out = append(out, s)
+	}
+	return out, nil
 }
 
 func compareStrings(a, b string) int {
@@ -127,7 +200,7 @@ func (w *Worker) capped(taskType string, h asynq.Handler) asynq.Handler {
 		seats, err := w.seatsFor(specs, t)
 		if err != nil {
 			// Never run a task without its cap: its payload is broken.
-			return fmt.Errorf("worker: task %s: %w: %w", taskType, err, asynq.SkipRetry)
+			return fmt.Errorf("worker: task %s not run: its payload cannot render its semaphore key: %w: %w", taskType, err, asynq.SkipRetry)
 		}
 		held, rq := w.takeSeats(ctx, t, seats)
 		if rq != nil {
@@ -145,8 +218,9 @@ type requeueRequest struct {
 	err  error
 }
 
-// takeSeats takes a seat of every cap, in key order. It never waits while it
-// holds a seat: when a cap is full it gives back what it took, then waits on
+// takeSeats takes a seat of every cap: those this process found full lately
+// first, then in key order (see attemptOrder). It never waits while it holds
+// a seat: when a cap is full it gives back what it took, then waits on
 // (mode wait, or a standby place in mode requeue) or gives up on that cap.
 func (w *Worker) takeSeats(ctx context.Context, t *asynq.Task, seats []seat) ([]heldSeat, *requeueRequest) {
 	taskID, _ := asynq.GetTaskID(ctx)
@@ -162,7 +236,8 @@ func (w *Worker) takeSeats(ctx context.Context, t *asynq.Task, seats []seat) ([]
 	var waitDeadline time.Time
 	for {
 		full := -1
-		for i, s := range seats {
+		for _, i := range w.caps.attemptOrder(seats) {
+			s := seats[i]
 			if taken[i] != nil {
 				continue
 			}
@@ -173,7 +248,13 @@ func (w *Worker) takeSeats(ctx context.Context, t *asynq.Task, seats []seat) ([]
 			}
 			if p == nil {
 				full = i
+				if len(seats) > 1 {
+					w.caps.markFull(s.key)
+				}
 				break
+			}
+			if len(seats) > 1 {
+				w.caps.markFree(s.key)
 			}
 			taken[i] = p
 		}
@@ -368,6 +449,7 @@ func (w *Worker) requeueCopy(ctx context.Context, taskType string, t *asynq.Task
 		}
 	}
 	w.log.Info("worker: no seat and no retry left: requeued as a copy", "key", rq.key, "id", taskID, "copy", info.ID, "why", rq.why)
+	w.asynqLog.revoking(taskID)
 	// RevokeTask drops the original as done; the RequeueError keeps it out
 	// of the failures.
 	return fmt.Errorf("requeued as task %s: %w: %w", info.ID, &RequeueError{Key: rq.key, Why: rq.why, Err: rq.err}, asynq.RevokeTask)
