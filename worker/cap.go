@@ -27,6 +27,7 @@ type capTable struct {
 
 	mu       sync.Mutex
 	standing map[string]int       // key -> tasks of this process in standby for it
+	waiting  map[string]int       // key -> tasks of this process waiting for a seat of it (standby or mode wait)
 	fullAt   map[string]time.Time // key -> when this process last found it full
 }
 
@@ -90,7 +91,7 @@ func (t *capTable) attemptOrder(seats []seat) []int {
 }
 
 func newCapTable(cfg *Config) (*capTable, error) {
-	t := &capTable{byType: map[string][]capSpec{}, standing: map[string]int{}, fullAt: map[string]time.Time{}}
+	t := &capTable{byType: map[string][]capSpec{}, standing: map[string]int{}, waiting: map[string]int{}, fullAt: map[string]time.Time{}}
 	for typ, tc := range cfg.Tasks {
 		for _, c := range tc.Caps() {
 			kt, err := c.KeyTemplate()
@@ -133,6 +134,25 @@ func (t *capTable) leaveStandby(key string) {
 	if t.standing[key]--; t.standing[key] <= 0 {
 		delete(t.standing, key)
 	}
+}
+
+// wait counts a task of this process waiting for a seat of key (delta +1
+// when it starts, -1 when it stops).
+func (t *capTable) wait(key string, delta int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.waiting[key] += delta; t.waiting[key] <= 0 {
+		delete(t.waiting, key)
+	}
+}
+
+// hasWaiters reports whether a task of this process waits for a seat of
+// key. Its entry in the fleet-wide line is served before any one-shot try,
+// so a try for another task would only find the semaphore full.
+func (t *capTable) hasWaiters(key string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.waiting[key] > 0
 }
 
 // seat is one cap of one task, its key rendered.
@@ -241,6 +261,13 @@ func (w *Worker) takeSeats(ctx context.Context, t *asynq.Task, seats []seat) ([]
 			if taken[i] != nil {
 				continue
 			}
+			if w.caps.hasWaiters(s.key) {
+				// Tasks of ours wait in line for this key: the try
+				// would fail behind them. Saves a script call per task
+				// while a cap is contended.
+				full = i
+				break
+			}
 			p, err := w.sem.TryAcquire(ctx, s.key, s.capacity, w.permitOptions(s, taskID)...)
 			if err != nil {
 				giveBack()
@@ -297,6 +324,8 @@ func (w *Worker) waitForSeat(ctx context.Context, s seat, taskID string, budget 
 	if budget <= 0 {
 		return nil, &semaphore.AcquisitionError{Key: s.key, Reason: semaphore.ReasonTimeout}
 	}
+	w.caps.wait(s.key, 1)
+	defer w.caps.wait(s.key, -1)
 	if obs := w.opts.observer; obs != nil {
 		obs.Waiting(s.key, 1)
 		defer obs.Waiting(s.key, -1)
