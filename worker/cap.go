@@ -26,11 +26,72 @@ type capTable struct {
 	byType map[string][]capSpec
 
 	mu       sync.Mutex
-	standing map[string]int // key -> tasks of this process in standby for it
+	standing map[string]int       // key -> tasks of this process in standby for it
+	waiting  map[string]int       // key -> tasks of this process waiting for a seat of it (standby or mode wait)
+	fullAt   map[string]time.Time // key -> when this process last found it full
+}
+
+// Full hints. A task with several caps first tries the ones this process
+// found full within fullHintFor, so that while one tenant's cap is full its
+// tasks go back without taking (and giving back) a seat of the shared cap
+// first. The hints stay few: a key leaves when a seat of it is taken, and
+// old ones are dropped when there are more than fullHintMax.
+const (
+	fullHintFor = time.Second
+	fullHintMax = 1024
+)
+
+// markFull notes that key was found full.
+func (t *capTable) markFull(key string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := time.Now()
+	if len(t.fullAt) >= fullHintMax {
+		for k, at := range t.fullAt {
+			if now.Sub(at) > fullHintFor {
+				delete(t.fullAt, k)
+			}
+		}
+		if len(t.fullAt) >= fullHintMax {
+			return
+		}
+	}
+	t.fullAt[key] = now
+}
+
+// markFree forgets a full hint once a seat of key was taken.
+func (t *capTable) markFree(key string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.fullAt, key)
+}
+
+// attemptOrder is the order in which a task tries its seats: the seats
+// hinted full first, then the others, each group in key order. The order
+// only saves work: no seat is ever held while waiting, so any order is
+// free of deadlock; waiting itself is for one seat at a time.
+func (t *capTable) attemptOrder(seats []seat) []int {
+	order := make([]int, 0, len(seats))
+	if len(seats) > 1 {
+		t.mu.Lock()
+		now := time.Now()
+		for i, s := range seats {
+			if at, ok := t.fullAt[s.key]; ok && now.Sub(at) <= fullHintFor {
+				order = append(order, i)
+			}
+		}
+		t.mu.Unlock()
+	}
+	for i := range seats {
+		if !slices.Contains(order, i) {
+			order = append(order, i)
+		}
+	}
+	return order
 }
 
 func newCapTable(cfg *Config) (*capTable, error) {
-	t := &capTable{byType: map[string][]capSpec{}, standing: map[string]int{}}
+	t := &capTable{byType: map[string][]capSpec{}, standing: map[string]int{}, waiting: map[string]int{}, fullAt: map[string]time.Time{}}
 	for typ, tc := range cfg.Tasks {
 		for _, c := range tc.Caps() {
 			kt, err := c.KeyTemplate()
@@ -75,6 +136,25 @@ func (t *capTable) leaveStandby(key string) {
 	}
 }
 
+// wait counts a task of this process waiting for a seat of key (delta +1
+// when it starts, -1 when it stops).
+func (t *capTable) wait(key string, delta int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.waiting[key] += delta; t.waiting[key] <= 0 {
+		delete(t.waiting, key)
+	}
+}
+
+// hasWaiters reports whether a task of this process waits for a seat of
+// key. Its entry in the fleet-wide line is served before any one-shot try,
+// so a try for another task would only find the semaphore full.
+func (t *capTable) hasWaiters(key string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.waiting[key] > 0
+}
+
 // seat is one cap of one task, its key rendered.
 type seat struct {
 	spec     capSpec
@@ -89,7 +169,7 @@ func (w *Worker) seatsFor(specs []capSpec, t *asynq.Task) ([]seat, error) {
 	for _, s := range specs {
 		key, err := s.tmpl.Render(t.Payload())
 		if err != nil {
-			return nil, fmt.Errorf("semaphore key %q: %w", s.Key, err)
+			return nil, err // names the template and the field
 		}
 		capacity := s.CapacityFor(key)
 		if s.tmpl.IsTemplate() {
@@ -98,7 +178,20 @@ func (w *Worker) seatsFor(specs []capSpec, t *asynq.Task) ([]seat, error) {
 		seats = append(seats, seat{spec: s, key: key, capacity: capacity})
 	}
 	slices.SortFunc(seats, func(a, b seat) int { return compareStrings(a.key, b.key) })
-	return seats, nil
+	// Two caps that render one key ("region:{from}" and "region:{to}" of
+	// a task that stays in its region) are one semaphore: one seat of it,
+	// of the smaller capacity, holds both caps.
+	out := seats[:0]
+	for _, s := range seats {
+		if n := len(out); n > 0 && out[n-1].key == s.key {
+			if s.capacity < out[n-1].capacity {
+				out[n-1] = s
+			}
+			continue
+		}
+		out = append(out, s)
+	}
+	return out, nil
 }
 
 func compareStrings(a, b string) int {
@@ -127,7 +220,7 @@ func (w *Worker) capped(taskType string, h asynq.Handler) asynq.Handler {
 		seats, err := w.seatsFor(specs, t)
 		if err != nil {
 			// Never run a task without its cap: its payload is broken.
-			return fmt.Errorf("worker: task %s: %w: %w", taskType, err, asynq.SkipRetry)
+			return fmt.Errorf("worker: task %s not run: its payload cannot render its semaphore key: %w: %w", taskType, err, asynq.SkipRetry)
 		}
 		for tries := 0; ; tries++ {
 			held, rq := w.takeSeats(ctx, t, seats)
@@ -174,8 +267,9 @@ type requeueRequest struct {
 	err  error
 }
 
-// takeSeats takes a seat of every cap, in key order. It never waits while it
-// holds a seat: when a cap is full it gives back what it took, then waits on
+// takeSeats takes a seat of every cap: those this process found full lately
+// first, then in key order (see attemptOrder). It never waits while it holds
+// a seat: when a cap is full it gives back what it took, then waits on
 // (mode wait, or a standby place in mode requeue) or gives up on that cap.
 func (w *Worker) takeSeats(ctx context.Context, t *asynq.Task, seats []seat) ([]heldSeat, *requeueRequest) {
 	taskID, _ := asynq.GetTaskID(ctx)
@@ -193,9 +287,17 @@ func (w *Worker) takeSeats(ctx context.Context, t *asynq.Task, seats []seat) ([]
 	seen := map[string]string{} // release counts read, per full key
 	for {
 		full := -1
-		for i, s := range seats {
+		for _, i := range w.caps.attemptOrder(seats) {
+			s := seats[i]
 			if taken[i] != nil {
 				continue
+			}
+			if w.caps.hasWaiters(s.key) {
+				// Tasks of ours wait in line for this key: the try
+				// would fail behind them. Saves a script call per task
+				// while a cap is contended.
+				full = i
+				break
 			}
 			p, err := w.sem.TryAcquire(ctx, s.key, s.capacity, w.permitOptions(s, taskID)...)
 			if err != nil {
@@ -204,7 +306,13 @@ func (w *Worker) takeSeats(ctx context.Context, t *asynq.Task, seats []seat) ([]
 			}
 			if p == nil {
 				full = i
+				if len(seats) > 1 {
+					w.caps.markFull(s.key)
+				}
 				break
+			}
+			if len(seats) > 1 {
+				w.caps.markFree(s.key)
 			}
 			taken[i] = p
 		}
@@ -261,6 +369,8 @@ func (w *Worker) waitForSeat(ctx context.Context, s seat, taskID string, budget 
 	if budget <= 0 {
 		return nil, &semaphore.AcquisitionError{Key: s.key, Reason: semaphore.ReasonTimeout}
 	}
+	w.caps.wait(s.key, 1)
+	defer w.caps.wait(s.key, -1)
 	if obs := w.opts.observer; obs != nil {
 		obs.Waiting(s.key, 1)
 		defer obs.Waiting(s.key, -1)
@@ -415,6 +525,7 @@ func (w *Worker) requeueCopy(ctx context.Context, taskType string, t *asynq.Task
 		}
 	}
 	w.log.Info("worker: no seat and no retry left: requeued as a copy", "key", rq.key, "id", taskID, "copy", info.ID, "why", rq.why)
+	w.asynqLog.revoking(taskID)
 	// RevokeTask drops the original as done; the RequeueError keeps it out
 	// of the failures.
 	return fmt.Errorf("requeued as task %s: %w: %w", info.ID, &RequeueError{Key: rq.key, Why: rq.why, Err: rq.err}, asynq.RevokeTask)

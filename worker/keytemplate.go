@@ -218,6 +218,20 @@ func jsonKind(v any) string {
 	return fmt.Sprintf("%T", v)
 }
 
+// shape is the template with its field names left out ("tenant:{}"): two
+// templates of one shape render the same keys.
+func (k *KeyTemplate) shape() string {
+	var b strings.Builder
+	for _, p := range k.parts {
+		if p.path == nil {
+			b.WriteString(p.literal)
+		} else {
+			b.WriteString("{}")
+		}
+	}
+	return b.String()
+}
+
 // matches reports whether rendered is a key this template can render.
 func (k *KeyTemplate) matches(rendered string) bool {
 	var expr strings.Builder

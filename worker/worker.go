@@ -71,6 +71,7 @@ type Worker struct {
 	caps     *capTable
 	parking  *parking
 	recent   *recentKeys
+	asynqLog *asynqLogger
 
 	mu          sync.Mutex
 	middlewares []asynq.MiddlewareFunc
@@ -100,6 +101,7 @@ func New(cfg *Config, opts ...Option) (*Worker, error) {
 		w.opts.tracer = otel.GetTracerProvider()
 	}
 	w.log = w.opts.logger
+	w.asynqLog = newAsynqLogger(w.log)
 	caps, err := newCapTable(cfg)
 	if err != nil {
 		return nil, err
@@ -282,7 +284,7 @@ func (w *Worker) asynqConfig() asynq.Config {
 		DelayedTaskCheckInterval: w.cfg.Worker.DelayedTaskCheckInterval,
 		IsFailure:                IsFailure,
 		RetryDelayFunc:           RetryDelay,
-		Logger:                   newAsynqLogger(w.log),
+		Logger:                   w.asynqLog,
 		LogLevel:                 asynq.WarnLevel,
 		ErrorHandler: asynq.ErrorHandlerFunc(func(ctx context.Context, t *asynq.Task, err error) {
 			if IsFailure(err) {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -176,6 +177,11 @@ func (c *Counters) Done(ctx context.Context) (int, error) {
 	return int(n), err
 }
 
+// IsDone reports whether the task with this ID finished.
+func (c *Counters) IsDone(ctx context.Context, id string) (bool, error) {
+	return c.rdb.SIsMember(ctx, c.p+"done", id).Result()
+}
+
 // Runs is how many runs finished (a task run twice counts twice).
 func (c *Counters) Runs(ctx context.Context) (int, error) { return c.int(ctx, "runs") }
 
@@ -271,10 +277,25 @@ func Config(redisURL string, concurrency int, capYAML string) string {
 
 // ConfigOn is Config with the probes on a queue of their own.
 func ConfigOn(redisURL, queue string, concurrency int, capYAML string) string {
+	return ConfigTypes(redisURL, queue, concurrency, map[string]string{"probe": capYAML})
+}
+
+// ConfigTypes is a config with several probe task types (the probe worker
+// serves every type its config declares), each on queue with the caps in
+// its entry of capYAML (indented for tasks.<type>).
+func ConfigTypes(redisURL, queue string, concurrency int, capYAML map[string]string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "redis:\n  url: %q\nworker:\n  concurrency: %d\n  queues: {%q: 1}\n  shutdown_timeout: 5s\nmonitoring:\n  addr: 127.0.0.1:0\n", redisURL, concurrency, queue)
-	fmt.Fprintf(&b, "tasks:\n  probe:\n    queue: %q\n    max_retry: 3\n", queue)
-	b.WriteString(capYAML)
+	b.WriteString("tasks:\n")
+	types := make([]string, 0, len(capYAML))
+	for typ := range capYAML {
+		types = append(types, typ)
+	}
+	slices.Sort(types)
+	for _, typ := range types {
+		fmt.Fprintf(&b, "  %s:\n    queue: %q\n    max_retry: 3\n", typ, queue)
+		b.WriteString(capYAML[typ])
+	}
 	return b.String()
 }
 

@@ -1,6 +1,7 @@
 // Command probeworker is a fleetcap worker for the fleet tests and the
-// benchmarks: it serves one task type, "probe", under the caps of its
-// config, and counts in Redis, independently of the semaphore, how many
+// benchmarks: it serves the task type "probe", and every other task type its
+// config declares (such as "probe2" with caps of its own), with the probe
+// handler under the caps of its config, and counts in Redis, independently of the semaphore, how many
 // probes run at once (overall and per tenant), when the first started and
 // the last ended, and which finished.
 //
@@ -79,6 +80,11 @@ func run(ctx context.Context) error {
 	defer crdb.Close()
 	c := &counter{rdb: crdb, p: "{" + *prefix + "}:", pid: os.Getpid()}
 	w.HandleFunc(TypeProbe, c.handle)
+	for _, typ := range cfg.TaskTypes() {
+		if typ != TypeProbe {
+			w.HandleFunc(typ, c.handle)
+		}
+	}
 	fmt.Println("probeworker: ready")
 	return w.Run(ctx)
 }
