@@ -23,17 +23,23 @@ import (
 // Build compiles the probe worker into dir and returns its path; race
 // builds it with the race detector.
 func Build(dir string, race bool) (string, error) {
-	bin := filepath.Join(dir, "probeworker")
+	return BuildCommand(dir, "github.com/fleetcap/fleetcap/internal/probeworker", race)
+}
+
+// BuildCommand compiles the main package pkg into dir (the binary is named
+// after the package's last path element) and returns its path.
+func BuildCommand(dir, pkg string, race bool) (string, error) {
+	bin := filepath.Join(dir, filepath.Base(pkg))
 	args := []string{"build", "-o", bin}
 	if race {
 		args = append(args, "-race")
 	}
-	args = append(args, "github.com/fleetcap/fleetcap/internal/probeworker")
+	args = append(args, pkg)
 	cmd := exec.Command("go", args...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("fleettest: go build probeworker: %v\n%s", err, out.String())
+		return "", fmt.Errorf("fleettest: go build %s: %v\n%s", pkg, err, out.String())
 	}
 	return bin, nil
 }
@@ -50,7 +56,16 @@ type Proc struct {
 // Start launches a probe worker with the config file and extra flags. Its
 // output goes to a buffer (Log). It returns once the worker is serving.
 func Start(bin, name, config string, flags ...string) (*Proc, error) {
+	return StartEnv(nil, bin, name, config, flags...)
+}
+
+// StartEnv is Start with extra environment variables (KEY=value) added to
+// the test's own.
+func StartEnv(env []string, bin, name, config string, flags ...string) (*Proc, error) {
 	cmd := exec.Command(bin, append([]string{"--config", config}, flags...)...)
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	p := &Proc{Name: name, cmd: cmd, log: &bytes.Buffer{}, done: make(chan struct{})}
 	w := &syncWriter{buf: p.log}
 	cmd.Stderr = w

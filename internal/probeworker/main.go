@@ -1,5 +1,6 @@
 // Command probeworker is a fleetcap worker for the fleet tests and the
-// benchmarks: it serves one task type, "probe", under the caps of its
+// benchmarks: it serves the task type "probe" (and report:fetch, as the
+// enqueue command makes it, counted the same way) under the caps of its
 // config, and counts in Redis, independently of the semaphore, how many
 // probes run at once (overall and per tenant), when the first started and
 // the last ended, and which finished.
@@ -29,6 +30,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetcap/fleetcap/tasks"
 	"github.com/fleetcap/fleetcap/worker"
 )
 
@@ -78,6 +80,7 @@ func run(ctx context.Context) error {
 	defer crdb.Close()
 	c := &counter{rdb: crdb, p: "{" + *prefix + "}:"}
 	w.HandleFunc(TypeProbe, c.handle)
+	w.HandleFunc(tasks.TypeReportFetch, c.handleReportFetch)
 	fmt.Println("probeworker: ready")
 	return w.Run(ctx)
 }
@@ -119,6 +122,22 @@ func (c *counter) handle(ctx context.Context, t *asynq.Task) error {
 	if err := json.Unmarshal(t.Payload(), &p); err != nil {
 		return fmt.Errorf("probe payload: %v: %w", err, asynq.SkipRetry)
 	}
+	return c.count(ctx, p)
+}
+
+// handleReportFetch counts report:fetch tasks (as the enqueue command makes
+// them) like probes: they hold their seat for the payload's duration_ms.
+func (c *counter) handleReportFetch(ctx context.Context, t *asynq.Task) error {
+	rp, err := tasks.DecodeReportFetch(t.Payload())
+	if err != nil {
+		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
+	}
+	return c.count(ctx, Payload{MS: int(rp.Duration() / time.Millisecond)})
+}
+
+// count runs one probe: counted in, held for p.MS (or until ctx is done),
+// counted out.
+func (c *counter) count(ctx context.Context, p Payload) error {
 	id, _ := asynq.GetTaskID(ctx)
 	bg := context.WithoutCancel(ctx)
 	keys := []string{c.p}
