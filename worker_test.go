@@ -19,7 +19,7 @@ import (
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
-var probeBin string
+var probeBin, enqueueBin, workerBin string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "fleetcap-probe-")
@@ -28,6 +28,12 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	probeBin, err = fleettest.Build(dir, raceBuild)
+	if err == nil {
+		enqueueBin, err = fleettest.BuildCommand(dir, "github.com/fleetcap/fleetcap/cmd/enqueue", false)
+	}
+	if err == nil {
+		workerBin, err = fleettest.BuildCommand(dir, "github.com/fleetcap/fleetcap/cmd/worker", raceBuild)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -42,6 +48,8 @@ type fleet struct {
 	t        *testing.T
 	srv      *redistest.Server
 	config   string
+	env      []string // of every probe worker add starts
+	flags    []string
 	procs    []*fleettest.Proc
 	client   *asynq.Client
 	insp     *asynq.Inspector
@@ -69,7 +77,14 @@ func startFleet(t *testing.T, n, concurrency int, capYAML string) *fleet {
 
 func (f *fleet) add(name string) *fleettest.Proc {
 	f.t.Helper()
-	p, err := fleettest.Start(probeBin, name, f.config)
+	return f.addWith(name, f.env, f.config, f.flags...)
+}
+
+// addWith starts a probe worker with its own config, extra environment and
+// flags.
+func (f *fleet) addWith(name string, env []string, config string, flags ...string) *fleettest.Proc {
+	f.t.Helper()
+	p, err := fleettest.StartEnv(env, probeBin, name, config, flags...)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -136,6 +151,7 @@ func (f *fleet) check(ctx context.Context, tasks, capacity int) {
 		f.t.Fatalf("%d of %d tasks done (%v)", done, tasks, err)
 	}
 	info, err := f.insp.GetQueueInfo("default")
+
 	if err != nil {
 		f.t.Fatal(err)
 	}

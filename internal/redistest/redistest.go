@@ -309,3 +309,18 @@ func StartDetached() (addr string, stop func(), err error) {
 	}
 	return addr, stop, nil
 }
+
+// StartWithUser is Start with the default user off and an ACL user
+// username/password allowed everything; the readiness check and Client log
+// in as that user.
+func StartWithUser(tb testing.TB, username, password string, opts ...Option) *Server {
+	tb.Helper()
+	s := &Server{tb: tb, dir: tb.TempDir(), port: FreePort(tb), username: username, password: password,
+		args: []string{"--user", "default", "off", "--user", username, "on", ">" + password, "~*", "&*", "+@all"}}
+	for _, o := range opts {
+		s.args = append(s.args, o...)
+	}
+	s.start()
+	tb.Cleanup(s.Stop)
+	return s
+}
