@@ -217,6 +217,20 @@ func (c *Counters) MaxInflightPerTenant(ctx context.Context) (map[string]int, er
 	return out, nil
 }
 
+// forgetScript counts out the probes a killed process left counted in.
+var forgetScript = redis.NewScript(`
+local n = tonumber(redis.call('GET', KEYS[1] .. 'inflight:pid:' .. ARGV[1]) or '0')
+redis.call('DECRBY', KEYS[1] .. 'inflight', n)
+redis.call('DEL', KEYS[1] .. 'inflight:pid:' .. ARGV[1])
+return n`)
+
+// Forget counts out the probes that the killed process pid was running
+// (it never will) and returns how many. Call it before their seats lapse,
+// so that no probe starts in between.
+func (c *Counters) Forget(ctx context.Context, pid int) (int, error) {
+	return forgetScript.Run(ctx, c.rdb, []string{c.p}, pid).Int()
+}
+
 // Makespan is the time from the first probe's start to the last one's end.
 func (c *Counters) Makespan(ctx context.Context) (time.Duration, error) {
 	first, err := c.int(ctx, "first")

@@ -10,6 +10,8 @@
 // Counters (all under the prefix's hash tag):
 //
 //	{P}:inflight, {P}:max            probes running now, and the most at once
+//	{P}:inflight:pid:<pid>           probes running now in one process (a test
+//	                                 that kills it counts them out)
 //	{P}:inflight:<tenant>, {P}:tmax  the same per tenant (tmax is a hash)
 //	{P}:first, {P}:last              Unix ms of the first start and last end
 //	{P}:done                         a set of finished task IDs
@@ -96,6 +98,7 @@ type counter struct {
 var startScript = redis.NewScript(`
 redis.call('SETNX', KEYS[1] .. 'first', ARGV[1])
 local n = redis.call('INCR', KEYS[1] .. 'inflight')
+redis.call('INCR', KEYS[1] .. 'inflight:pid:' .. ARGV[3])
 local m = tonumber(redis.call('GET', KEYS[1] .. 'max') or '0')
 if n > m then redis.call('SET', KEYS[1] .. 'max', n) end
 if ARGV[2] ~= '' then
@@ -109,6 +112,7 @@ return n`)
 // cancelled).
 var endScript = redis.NewScript(`
 redis.call('DECR', KEYS[1] .. 'inflight')
+redis.call('DECR', KEYS[1] .. 'inflight:pid:' .. ARGV[5])
 if ARGV[2] ~= '' then redis.call('DECR', KEYS[1] .. 'inflight:' .. ARGV[2]) end
 if ARGV[3] == '1' then
   redis.call('SET', KEYS[1] .. 'last', ARGV[1])
@@ -141,7 +145,7 @@ func (c *counter) count(ctx context.Context, p Payload) error {
 	id, _ := asynq.GetTaskID(ctx)
 	bg := context.WithoutCancel(ctx)
 	keys := []string{c.p}
-	if err := startScript.Run(bg, c.rdb, keys, time.Now().UnixMilli(), p.Tenant).Err(); err != nil {
+	if err := startScript.Run(bg, c.rdb, keys, time.Now().UnixMilli(), p.Tenant, os.Getpid()).Err(); err != nil {
 		return err
 	}
 	var runErr error
@@ -159,7 +163,7 @@ func (c *counter) count(ctx context.Context, p Payload) error {
 	if runErr == nil {
 		finished = "1"
 	}
-	if err := endScript.Run(bg, c.rdb, keys, time.Now().UnixMilli(), p.Tenant, finished, id).Err(); err != nil {
+	if err := endScript.Run(bg, c.rdb, keys, time.Now().UnixMilli(), p.Tenant, finished, id, os.Getpid()).Err(); err != nil {
 		return err
 	}
 	if runErr != nil {
