@@ -44,6 +44,12 @@ func TestStartSentinelFailover(t *testing.T) {
 	if err != nil || old != s.Master.Addr() {
 		t.Fatalf("master %q, %v; want %s", old, err, s.Master.Addr())
 	}
+	if err := s.Master.Client().Set(ctx, "before-failover", "kept", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Master.Client().Do(ctx, "WAIT", 1, 5000).Err(); err != nil {
+		t.Fatal(err)
+	}
 	start := time.Now()
 	s.Master.Kill()
 	now, err := s.WaitFailover(old, 30*time.Second)
@@ -54,4 +60,7 @@ func TestStartSentinelFailover(t *testing.T) {
 		t.Fatalf("new master %s, want the replica %s", now, s.Replicas[0].Addr())
 	}
 	t.Logf("failover to %s in %s", now, time.Since(start).Round(time.Millisecond))
+	if v, err := s.Replicas[0].Client().Get(ctx, "before-failover").Result(); err != nil || v != "kept" {
+		t.Fatalf("the new master lost a replicated key: %q, %v", v, err)
+	}
 }

@@ -31,10 +31,13 @@ type Sentinel struct {
 func StartSentinel(tb testing.TB, replicas, sentinels int) *Sentinel {
 	tb.Helper()
 	s := &Sentinel{MasterName: "mymaster", tb: tb}
-	s.Master = Start(tb)
+	s.Master = Start(tb, Option{"--repl-diskless-sync-delay", "0"})
 	for range replicas {
-		r := Start(tb, Option{"--replicaof", "127.0.0.1", strconv.Itoa(s.Master.Port())})
+		r := Start(tb, Option{"--replicaof", "127.0.0.1", strconv.Itoa(s.Master.Port()), "--repl-diskless-sync-delay", "0"})
 		s.Replicas = append(s.Replicas, r)
+		if err := waitLinkUp(r, 30*time.Second); err != nil {
+			tb.Fatalf("redistest: replica %s: %v\n%s", r.Addr(), err, r.Log())
+		}
 	}
 	for range sentinels {
 		sv := &Server{tb: tb, dir: tb.TempDir(), port: FreePort(tb)}
@@ -126,6 +129,23 @@ func (s *Sentinel) waitSettled(replicas, others int, within time.Duration) error
 		_ = c.Close()
 	}
 	return nil
+}
+
+// waitLinkUp waits until a replica has finished its first sync.
+func waitLinkUp(r *Server, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	c := redis.NewClient(r.options())
+	defer c.Close()
+	for {
+		info, err := c.Info(context.Background(), "replication").Result()
+		if err == nil && strings.Contains(info, "master_link_status:up") {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("replication link not up after %s: %v %s", within, err, info)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func atoi(s string) int {
