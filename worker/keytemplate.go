@@ -34,10 +34,15 @@ type keyPart struct {
 
 // ParseKeyTemplate parses a semaphore key. Field names are dotted paths of
 // letters, digits, "_" and "-". It fails on an empty key, unbalanced braces,
-// an empty or malformed field name and control characters.
+// an empty or malformed field name, control characters and a key longer
+// than MaxRenderedKeyLen.
 func ParseKeyTemplate(s string) (*KeyTemplate, error) {
 	if s == "" {
 		return nil, errors.New("key is empty")
+	}
+	if len(s) > MaxRenderedKeyLen {
+		// Not quoted: the message would be as long as the key.
+		return nil, fmt.Errorf("key is %d bytes, longer than the %d allowed", len(s), MaxRenderedKeyLen)
 	}
 	kt := &KeyTemplate{raw: s}
 	lit := 0 // start of the current literal run

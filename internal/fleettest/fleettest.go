@@ -24,17 +24,23 @@ import (
 // Build compiles the probe worker into dir and returns its path; race
 // builds it with the race detector.
 func Build(dir string, race bool) (string, error) {
-	bin := filepath.Join(dir, "probeworker")
+	return BuildCommand(dir, "github.com/fleetcap/fleetcap/internal/probeworker", race)
+}
+
+// BuildCommand compiles the main package pkg into dir (the binary is named
+// after the package's last path element) and returns its path.
+func BuildCommand(dir, pkg string, race bool) (string, error) {
+	bin := filepath.Join(dir, filepath.Base(pkg))
 	args := []string{"build", "-o", bin}
 	if race {
 		args = append(args, "-race")
 	}
-	args = append(args, "github.com/fleetcap/fleetcap/internal/probeworker")
+	args = append(args, pkg)
 	cmd := exec.Command("go", args...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("fleettest: go build probeworker: %v\n%s", err, out.String())
+		return "", fmt.Errorf("fleettest: go build %s: %v\n%s", pkg, err, out.String())
 	}
 	return bin, nil
 }
@@ -51,7 +57,16 @@ type Proc struct {
 // Start launches a probe worker with the config file and extra flags. Its
 // output goes to a buffer (Log). It returns once the worker is serving.
 func Start(bin, name, config string, flags ...string) (*Proc, error) {
+	return StartEnv(nil, bin, name, config, flags...)
+}
+
+// StartEnv is Start with extra environment variables (KEY=value) added to
+// the test's own.
+func StartEnv(env []string, bin, name, config string, flags ...string) (*Proc, error) {
 	cmd := exec.Command(bin, append([]string{"--config", config}, flags...)...)
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	p := &Proc{Name: name, cmd: cmd, log: &bytes.Buffer{}, done: make(chan struct{})}
 	w := &syncWriter{buf: p.log}
 	cmd.Stderr = w
@@ -208,22 +223,18 @@ func (c *Counters) MaxInflightPerTenant(ctx context.Context) (map[string]int, er
 	return out, nil
 }
 
-// ForgetProcess takes the probes of a killed process out of the in-flight
-// count: they stopped with it. (Their seats stay taken until their leases
-// lapse, so no probe can start in their place before this runs.)
-func (c *Counters) ForgetProcess(ctx context.Context, pid int) error {
-	field := strconv.Itoa(pid)
-	n, err := c.rdb.HGet(ctx, c.p+"byproc", field).Int()
-	if errors.Is(err, redis.Nil) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if err := c.rdb.DecrBy(ctx, c.p+"inflight", int64(n)).Err(); err != nil {
-		return err
-	}
-	return c.rdb.HDel(ctx, c.p+"byproc", field).Err()
+// forgetScript counts out the probes a killed process left counted in.
+var forgetScript = redis.NewScript(`
+local n = tonumber(redis.call('GET', KEYS[1] .. 'inflight:pid:' .. ARGV[1]) or '0')
+redis.call('DECRBY', KEYS[1] .. 'inflight', n)
+redis.call('DEL', KEYS[1] .. 'inflight:pid:' .. ARGV[1])
+return n`)
+
+// Forget counts out the probes that the killed process pid was running
+// (it never will) and returns how many. Call it before their seats lapse,
+// so that no probe starts in between.
+func (c *Counters) Forget(ctx context.Context, pid int) (int, error) {
+	return forgetScript.Run(ctx, c.rdb, []string{c.p}, pid).Int()
 }
 
 // Makespan is the time from the first probe's start to the last one's end.

@@ -1,7 +1,8 @@
 // Command probeworker is a fleetcap worker for the fleet tests and the
-// benchmarks: it serves the task type "probe", and every other task type its
-// config declares (such as "probe2" with caps of its own), with the probe
-// handler under the caps of its config, and counts in Redis, independently of the semaphore, how many
+// benchmarks: it serves the task type "probe", report:fetch (as the enqueue
+// command makes it, counted the same way) and every other task type its
+// config declares (such as "probe2" with caps of its own) under the caps of
+// its config, and counts in Redis, independently of the semaphore, how many
 // probes run at once (overall and per tenant), when the first started and
 // the last ended, and which finished.
 //
@@ -10,11 +11,12 @@
 // Counters (all under the prefix's hash tag):
 //
 //	{P}:inflight, {P}:max            probes running now, and the most at once
+//	{P}:inflight:pid:<pid>           probes running now in one process (a test
+//	                                 that kills it counts them out)
 //	{P}:inflight:<tenant>, {P}:tmax  the same per tenant (tmax is a hash)
 //	{P}:first, {P}:last              Unix ms of the first start and last end
 //	{P}:done                         a set of finished task IDs
 //	{P}:runs                         how many runs finished (duplicates count)
-//	{P}:byproc                       probes running now per process ID
 package main
 
 import (
@@ -31,6 +33,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetcap/fleetcap/tasks"
 	"github.com/fleetcap/fleetcap/worker"
 )
 
@@ -78,10 +81,11 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer crdb.Close()
-	c := &counter{rdb: crdb, p: "{" + *prefix + "}:", pid: os.Getpid()}
+	c := &counter{rdb: crdb, p: "{" + *prefix + "}:"}
 	w.HandleFunc(TypeProbe, c.handle)
+	w.HandleFunc(tasks.TypeReportFetch, c.handleReportFetch)
 	for _, typ := range cfg.TaskTypes() {
-		if typ != TypeProbe {
+		if typ != TypeProbe && typ != tasks.TypeReportFetch {
 			w.HandleFunc(typ, c.handle)
 		}
 	}
@@ -92,7 +96,6 @@ func run(ctx context.Context) error {
 type counter struct {
 	rdb redis.UniversalClient
 	p   string
-	pid int
 }
 
 // startScript counts a probe in: first start, in-flight counts and their
@@ -100,8 +103,8 @@ type counter struct {
 // that counting adds little to the time a seat is held.
 var startScript = redis.NewScript(`
 redis.call('SETNX', KEYS[1] .. 'first', ARGV[1])
-redis.call('HINCRBY', KEYS[1] .. 'byproc', ARGV[3], 1)
 local n = redis.call('INCR', KEYS[1] .. 'inflight')
+redis.call('INCR', KEYS[1] .. 'inflight:pid:' .. ARGV[3])
 local m = tonumber(redis.call('GET', KEYS[1] .. 'max') or '0')
 if n > m then redis.call('SET', KEYS[1] .. 'max', n) end
 if ARGV[2] ~= '' then
@@ -114,8 +117,8 @@ return n`)
 // endScript counts a probe out; ARGV[3] = 1 when it finished (not
 // cancelled).
 var endScript = redis.NewScript(`
-redis.call('HINCRBY', KEYS[1] .. 'byproc', ARGV[5], -1)
 redis.call('DECR', KEYS[1] .. 'inflight')
+redis.call('DECR', KEYS[1] .. 'inflight:pid:' .. ARGV[5])
 if ARGV[2] ~= '' then redis.call('DECR', KEYS[1] .. 'inflight:' .. ARGV[2]) end
 if ARGV[3] == '1' then
   redis.call('SET', KEYS[1] .. 'last', ARGV[1])
@@ -129,10 +132,26 @@ func (c *counter) handle(ctx context.Context, t *asynq.Task) error {
 	if err := json.Unmarshal(t.Payload(), &p); err != nil {
 		return fmt.Errorf("probe payload: %v: %w", err, asynq.SkipRetry)
 	}
+	return c.count(ctx, p)
+}
+
+// handleReportFetch counts report:fetch tasks (as the enqueue command makes
+// them) like probes: they hold their seat for the payload's duration_ms.
+func (c *counter) handleReportFetch(ctx context.Context, t *asynq.Task) error {
+	rp, err := tasks.DecodeReportFetch(t.Payload())
+	if err != nil {
+		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
+	}
+	return c.count(ctx, Payload{MS: int(rp.Duration() / time.Millisecond)})
+}
+
+// count runs one probe: counted in, held for p.MS (or until ctx is done),
+// counted out.
+func (c *counter) count(ctx context.Context, p Payload) error {
 	id, _ := asynq.GetTaskID(ctx)
 	bg := context.WithoutCancel(ctx)
 	keys := []string{c.p}
-	if err := startScript.Run(bg, c.rdb, keys, time.Now().UnixMilli(), p.Tenant, c.pid).Err(); err != nil {
+	if err := startScript.Run(bg, c.rdb, keys, time.Now().UnixMilli(), p.Tenant, os.Getpid()).Err(); err != nil {
 		return err
 	}
 	var runErr error
@@ -150,7 +169,7 @@ func (c *counter) handle(ctx context.Context, t *asynq.Task) error {
 	if runErr == nil {
 		finished = "1"
 	}
-	if err := endScript.Run(bg, c.rdb, keys, time.Now().UnixMilli(), p.Tenant, finished, id, c.pid).Err(); err != nil {
+	if err := endScript.Run(bg, c.rdb, keys, time.Now().UnixMilli(), p.Tenant, finished, id, os.Getpid()).Err(); err != nil {
 		return err
 	}
 	if runErr != nil {
