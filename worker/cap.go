@@ -26,11 +26,72 @@ type capTable struct {
 	byType map[string][]capSpec
 
 	mu       sync.Mutex
-	standing map[string]int // key -> tasks of this process in standby for it
+	standing map[string]int       // key -> tasks of this process in standby for it
+	waiting  map[string]int       // key -> tasks of this process waiting for a seat of it (standby or mode wait)
+	fullAt   map[string]time.Time // key -> when this process last found it full
+}
+
+// Full hints. A task with several caps first tries the ones this process
+// found full within fullHintFor, so that while one tenant's cap is full its
+// tasks go back without taking (and giving back) a seat of the shared cap
+// first. The hints stay few: a key leaves when a seat of it is taken, and
+// old ones are dropped when there are more than fullHintMax.
+const (
+	fullHintFor = time.Second
+	fullHintMax = 1024
+)
+
+// markFull notes that key was found full.
+func (t *capTable) markFull(key string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := time.Now()
+	if len(t.fullAt) >= fullHintMax {
+		for k, at := range t.fullAt {
+			if now.Sub(at) > fullHintFor {
+				delete(t.fullAt, k)
+			}
+		}
+		if len(t.fullAt) >= fullHintMax {
+			return
+		}
+	}
+	t.fullAt[key] = now
+}
+
+// markFree forgets a full hint once a seat of key was taken.
+func (t *capTable) markFree(key string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.fullAt, key)
+}
+
+// attemptOrder is the order in which a task tries its seats: the seats
+// hinted full first, then the others, each group in key order. The order
+// only saves work: no seat is ever held while waiting, so any order is
+// free of deadlock; waiting itself is for one seat at a time.
+func (t *capTable) attemptOrder(seats []seat) []int {
+	order := make([]int, 0, len(seats))
+	if len(seats) > 1 {
+		t.mu.Lock()
+		now := time.Now()
+		for i, s := range seats {
+			if at, ok := t.fullAt[s.key]; ok && now.Sub(at) <= fullHintFor {
+				order = append(order, i)
+			}
+		}
+		t.mu.Unlock()
+	}
+	for i := range seats {
+		if !slices.Contains(order, i) {
+			order = append(order, i)
+		}
+	}
+	return order
 }
 
 func newCapTable(cfg *Config) (*capTable, error) {
-	t := &capTable{byType: map[string][]capSpec{}, standing: map[string]int{}}
+	t := &capTable{byType: map[string][]capSpec{}, standing: map[string]int{}, waiting: map[string]int{}, fullAt: map[string]time.Time{}}
 	for typ, tc := range cfg.Tasks {
 		for _, c := range tc.Caps() {
 			kt, err := c.KeyTemplate()
@@ -75,6 +136,25 @@ func (t *capTable) leaveStandby(key string) {
 	}
 }
 
+// wait counts a task of this process waiting for a seat of key (delta +1
+// when it starts, -1 when it stops).
+func (t *capTable) wait(key string, delta int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.waiting[key] += delta; t.waiting[key] <= 0 {
+		delete(t.waiting, key)
+	}
+}
+
+// hasWaiters reports whether a task of this process waits for a seat of
+// key. Its entry in the fleet-wide line is served before any one-shot try,
+// so a try for another task would only find the semaphore full.
+func (t *capTable) hasWaiters(key string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.waiting[key] > 0
+}
+
 // seat is one cap of one task, its key rendered.
 type seat struct {
 	spec     capSpec
@@ -89,7 +169,7 @@ func (w *Worker) seatsFor(specs []capSpec, t *asynq.Task) ([]seat, error) {
 	for _, s := range specs {
 		key, err := s.tmpl.Render(t.Payload())
 		if err != nil {
-			return nil, fmt.Errorf("semaphore key %q: %w", s.Key, err)
+			return nil, err // names the template and the field
 		}
 		capacity := s.CapacityFor(key)
 		if s.tmpl.IsTemplate() {
@@ -98,7 +178,20 @@ func (w *Worker) seatsFor(specs []capSpec, t *asynq.Task) ([]seat, error) {
 		seats = append(seats, seat{spec: s, key: key, capacity: capacity})
 	}
 	slices.SortFunc(seats, func(a, b seat) int { return compareStrings(a.key, b.key) })
-	return seats, nil
+	// Two caps that render one key ("region:{from}" and "region:{to}" of
+	// a task that stays in its region) are one semaphore: one seat of it,
+	// of the smaller capacity, holds both caps.
+	out := seats[:0]
+	for _, s := range seats {
+		if n := len(out); n > 0 && out[n-1].key == s.key {
+			if s.capacity < out[n-1].capacity {
+				out[n-1] = s
+			}
+			continue
+		}
+		out = append(out, s)
+	}
+	return out, nil
 }
 
 func compareStrings(a, b string) int {
@@ -127,26 +220,56 @@ func (w *Worker) capped(taskType string, h asynq.Handler) asynq.Handler {
 		seats, err := w.seatsFor(specs, t)
 		if err != nil {
 			// Never run a task without its cap: its payload is broken.
-			return fmt.Errorf("worker: task %s: %w: %w", taskType, err, asynq.SkipRetry)
+			return fmt.Errorf("worker: task %s not run: its payload cannot render its semaphore key: %w: %w", taskType, err, asynq.SkipRetry)
 		}
-		held, rq := w.takeSeats(ctx, t, seats)
-		if rq != nil {
+		for tries := 0; ; tries++ {
+			held, rq := w.takeSeats(ctx, t, seats)
+			if rq == nil {
+				return w.runHolding(ctx, taskType, t, h, held)
+			}
+			if rq.park && !w.noRetryLeft(ctx) {
+				parked, err := w.parkTask(ctx, rq)
+				if err == nil && !parked && tries < 10 {
+					continue // a seat was released meanwhile: try again
+				}
+				rq.park = false
+			}
 			return w.requeue(ctx, taskType, t, rq)
 		}
-		return w.runHolding(ctx, taskType, t, h, held)
 	})
+}
+
+// noRetryLeft reports whether asynq would archive the task on any error.
+func (w *Worker) noRetryLeft(ctx context.Context) bool {
+	retried, _ := asynq.GetRetryCount(ctx)
+	maxRetry, _ := asynq.GetMaxRetry(ctx)
+	return retried >= maxRetry
+}
+
+// parkTask parks the running task on rq.key; false when a seat was released
+// since the task last looked.
+func (w *Worker) parkTask(ctx context.Context, rq *requeueRequest) (bool, error) {
+	queue, _ := asynq.GetQueueName(ctx)
+	taskID, _ := asynq.GetTaskID(ctx)
+	parked, err := w.parking.park(ctx, rq.key, rq.seen, queue, taskID)
+	if err != nil {
+		w.log.Warn("worker: park a task (it comes back after its delay)", "key", rq.key, "id", taskID, "err", err)
+	}
+	return parked, err
 }
 
 // requeueRequest says why and how a task goes back without a seat.
 type requeueRequest struct {
 	key  string
 	why  string
-	park bool // wake it when a seat of key frees
+	park bool   // wake it when a seat of key frees
+	seen string // key's release count read before the last try (see parking)
 	err  error
 }
 
-// takeSeats takes a seat of every cap, in key order. It never waits while it
-// holds a seat: when a cap is full it gives back what it took, then waits on
+// takeSeats takes a seat of every cap: those this process found full lately
+// first, then in key order (see attemptOrder). It never waits while it holds
+// a seat: when a cap is full it gives back what it took, then waits on
 // (mode wait, or a standby place in mode requeue) or gives up on that cap.
 func (w *Worker) takeSeats(ctx context.Context, t *asynq.Task, seats []seat) ([]heldSeat, *requeueRequest) {
 	taskID, _ := asynq.GetTaskID(ctx)
@@ -160,11 +283,21 @@ func (w *Worker) takeSeats(ctx context.Context, t *asynq.Task, seats []seat) ([]
 		}
 	}
 	var waitDeadline time.Time
+	waited := false
+	seen := map[string]string{} // release counts read, per full key
 	for {
 		full := -1
-		for i, s := range seats {
+		for _, i := range w.caps.attemptOrder(seats) {
+			s := seats[i]
 			if taken[i] != nil {
 				continue
+			}
+			if w.caps.hasWaiters(s.key) {
+				// Tasks of ours wait in line for this key: the try
+				// would fail behind them. Saves a script call per task
+				// while a cap is contended.
+				full = i
+				break
 			}
 			p, err := w.sem.TryAcquire(ctx, s.key, s.capacity, w.permitOptions(s, taskID)...)
 			if err != nil {
@@ -173,7 +306,13 @@ func (w *Worker) takeSeats(ctx context.Context, t *asynq.Task, seats []seat) ([]
 			}
 			if p == nil {
 				full = i
+				if len(seats) > 1 {
+					w.caps.markFull(s.key)
+				}
 				break
+			}
+			if len(seats) > 1 {
+				w.caps.markFree(s.key)
 			}
 			taken[i] = p
 		}
@@ -187,27 +326,41 @@ func (w *Worker) takeSeats(ctx context.Context, t *asynq.Task, seats []seat) ([]
 		giveBack()
 
 		s := seats[full]
-		standby := s.spec.Mode == ModeWait
-		if !standby {
-			if s.spec.standby == 0 || !w.caps.enterStandby(s.key, s.spec.standby) {
-				return nil, &requeueRequest{key: s.key, why: "full", park: true}
+		waitMode := s.spec.Mode == ModeWait
+		if !waited && (waitMode || (s.spec.standby > 0 && w.caps.enterStandby(s.key, s.spec.standby))) {
+			if waitDeadline.IsZero() {
+				waitDeadline = time.Now().Add(s.spec.WaitTimeout)
 			}
-		}
-		if waitDeadline.IsZero() {
-			waitDeadline = time.Now().Add(s.spec.WaitTimeout)
-		}
-		p, err := w.waitForSeat(ctx, s, taskID, time.Until(waitDeadline))
-		if !standby {
-			w.caps.leaveStandby(s.key)
-		}
-		if err != nil {
-			rq := w.acquireFailed(s.key, err)
-			if rq.why == "timeout" && !standby {
-				rq.why, rq.park = "full", true
+			p, err := w.waitForSeat(ctx, s, taskID, time.Until(waitDeadline))
+			if !waitMode {
+				w.caps.leaveStandby(s.key)
 			}
-			return nil, rq
+			if err == nil {
+				taken[full] = p
+				continue
+			}
+			if rq := w.acquireFailed(s.key, err); rq.why != "timeout" {
+				return nil, rq
+			}
+			waited = true
+			continue // one more look, then park
 		}
-		taken[full] = p
+		count, ok := seen[s.key]
+		if !ok {
+			// Read the release count, then look once more: a release
+			// between the failed try and parking is not missed.
+			count, err := w.parking.releases(ctx, s.key)
+			if err != nil {
+				return nil, &requeueRequest{key: s.key, why: "error", err: err}
+			}
+			seen[s.key] = count
+			continue
+		}
+		why := "full"
+		if waited {
+			why = "timeout"
+		}
+		return nil, &requeueRequest{key: s.key, why: why, park: true, seen: count}
 	}
 }
 
@@ -216,6 +369,8 @@ func (w *Worker) waitForSeat(ctx context.Context, s seat, taskID string, budget 
 	if budget <= 0 {
 		return nil, &semaphore.AcquisitionError{Key: s.key, Reason: semaphore.ReasonTimeout}
 	}
+	w.caps.wait(s.key, 1)
+	defer w.caps.wait(s.key, -1)
 	if obs := w.opts.observer; obs != nil {
 		obs.Waiting(s.key, 1)
 		defer obs.Waiting(s.key, -1)
@@ -324,7 +479,7 @@ func (w *Worker) requeue(ctx context.Context, taskType string, t *asynq.Task, rq
 	}
 	delay := retryDelay
 	switch {
-	case rq.park:
+	case rq.park || rq.why == "full" || rq.why == "timeout":
 		delay = parkDelay
 	case rq.why == "error":
 		delay = outageDelay
@@ -335,11 +490,6 @@ func (w *Worker) requeue(ctx context.Context, taskType string, t *asynq.Task, rq
 	maxRetry, _ := asynq.GetMaxRetry(ctx)
 	if retried >= maxRetry {
 		return w.requeueCopy(ctx, taskType, t, rq, queue, taskID, max(maxRetry-retried, 0), delay)
-	}
-	if rq.park {
-		if err := w.parking.park(ctx, rq.key, queue, taskID); err != nil {
-			w.log.Warn("worker: park a task (it comes back after its delay)", "key", rq.key, "id", taskID, "err", err)
-		}
 	}
 	return &RequeueError{Key: rq.key, Why: rq.why, Delay: delay, Err: rq.err}
 }
@@ -363,10 +513,20 @@ func (w *Worker) requeueCopy(ctx context.Context, taskType string, t *asynq.Task
 		return fmt.Errorf("fleetcap: no seat of %q and no retry left, and enqueueing a copy failed: %w", rq.key, err)
 	}
 	if rq.park {
-		if err := w.parking.park(ctx, rq.key, queue, info.ID); err != nil {
+		parked, err := w.parking.park(ctx, rq.key, rq.seen, queue, info.ID)
+		switch {
+		case err != nil:
 			w.log.Warn("worker: park a task (it comes back after its delay)", "key", rq.key, "id", info.ID, "err", err)
+		case !parked:
+			// A seat was released meanwhile: the copy goes straight to its queue.
+			if err := w.insp.RunTask(queue, info.ID); err != nil {
+				w.log.Warn("worker: run a requeued copy (it comes back after its delay)", "id", info.ID, "err", err)
+			}
 		}
 	}
 	w.log.Info("worker: no seat and no retry left: requeued as a copy", "key", rq.key, "id", taskID, "copy", info.ID, "why", rq.why)
-	return fmt.Errorf("fleetcap: no seat of %q (%s); requeued as task %s: %w", rq.key, rq.why, info.ID, asynq.RevokeTask)
+	w.asynqLog.revoking(taskID)
+	// RevokeTask drops the original as done; the RequeueError keeps it out
+	// of the failures.
+	return fmt.Errorf("requeued as task %s: %w: %w", info.ID, &RequeueError{Key: rq.key, Why: rq.why, Err: rq.err}, asynq.RevokeTask)
 }

@@ -45,12 +45,12 @@ func (c *Config) validateRedis(v *validator) {
 		}
 	}
 	for i, a := range r.ClusterAddrs {
-		if err := checkHostPort(a); err != nil {
+		if err := checkHostPort(a, 1); err != nil {
 			v.add(fmt.Sprintf("redis.cluster_addrs[%d]", i), "%v", err)
 		}
 	}
 	if r.Embedded() {
-		if err := checkHostPort(r.EmbeddedAddr); err != nil {
+		if err := checkHostPort(r.EmbeddedAddr, 1); err != nil {
 			v.add("redis.embedded_addr", "%v", err)
 		}
 	}
@@ -92,7 +92,8 @@ func (c *Config) validateSemaphore(v *validator) {
 }
 
 func (c *Config) validateMonitoring(v *validator) {
-	if err := checkHostPort(c.Monitoring.Addr); err != nil {
+	// Port 0 picks a free port (the worker prints where its pages are).
+	if err := checkHostPort(c.Monitoring.Addr, 0); err != nil {
 		v.add("monitoring.addr", "%v", err)
 	}
 }
@@ -109,6 +110,8 @@ type declaredCap struct {
 
 func (c *Config) validateTasks(v *validator) {
 	keys := map[string]declaredCap{} // key or key template -> first declaration
+	var decls []declaredKey          // every cap, in order, for checkRenderClashes
+	defer func() { checkRenderClashes(v, decls) }()
 	for _, typ := range c.TaskTypes() {
 		t := c.Tasks[typ]
 		field := fmt.Sprintf("tasks[%s]", strconv.Quote(typ))
@@ -145,6 +148,9 @@ func (c *Config) validateTasks(v *validator) {
 			}
 			inTask[cp.Key] = f
 			checkConsistent(v, keys, f, cp)
+			if kt, err := ParseKeyTemplate(cp.Key); err == nil && cp.Capacity >= 1 {
+				decls = append(decls, declaredKey{field: f, cp: cp, kt: kt})
+			}
 		}
 	}
 }
@@ -214,14 +220,66 @@ func checkConsistent(v *validator, keys map[string]declaredCap, field string, cp
 	}
 }
 
+// declaredKey is one declared cap with its parsed key.
+type declaredKey struct {
+	field string
+	cp    CapConfig
+	kt    *KeyTemplate
+}
+
+// checkRenderClashes reports two different declared keys that render the
+// same semaphore key with different capacities: templates of the same shape
+// ("tenant:{tenant_id}" and "tenant:{tenant}"), or a plain key that a
+// template renders ("tenant:acme" beside "tenant:{tenant_id}"). Every worker
+// must agree on a semaphore's size, or the larger one lets more in.
+// Templates of different shapes that can still render one key ("t:{a}" and
+// "t:x{b}") are not detected.
+func checkRenderClashes(v *validator, decls []declaredKey) {
+	for j, b := range decls {
+		for _, a := range decls[:j] {
+			if a.cp.Key == b.cp.Key {
+				continue // checkConsistent compares these
+			}
+			switch at, bt := a.kt.IsTemplate(), b.kt.IsTemplate(); {
+			case at && bt && a.kt.shape() == b.kt.shape():
+				if a.cp.Capacity != b.cp.Capacity {
+					v.add(b.field+".capacity", "template %q renders the same keys as %q of %s, with capacity %d there but %d here",
+						b.cp.Key, a.cp.Key, a.field, a.cp.Capacity, b.cp.Capacity)
+				}
+				for _, k := range sortedKeys(b.cp.CapacityOverrides) {
+					if a.cp.CapacityFor(k) != b.cp.CapacityFor(k) {
+						v.add(fmt.Sprintf("%s.capacity_overrides[%s]", b.field, strconv.Quote(k)),
+							"key %q has capacity %d under %q of %s but %d here", k, a.cp.CapacityFor(k), a.cp.Key, a.field, b.cp.CapacityFor(k))
+					}
+				}
+				for _, k := range sortedKeys(a.cp.CapacityOverrides) {
+					if _, ok := b.cp.CapacityOverrides[k]; !ok && a.cp.CapacityFor(k) != b.cp.CapacityFor(k) {
+						v.add(b.field+".capacity_overrides", "%s overrides key %q (capacity %d) but this cap gives it %d",
+							a.field, k, a.cp.CapacityFor(k), b.cp.CapacityFor(k))
+					}
+				}
+			case at != bt:
+				plain, tmpl := a, b
+				if at {
+					plain, tmpl = b, a
+				}
+				if tmpl.kt.matches(plain.cp.Key) && tmpl.cp.CapacityFor(plain.cp.Key) != plain.cp.Capacity {
+					v.add(b.field+".capacity", "key %q has capacity %d in %s, but template %q of %s renders it with capacity %d",
+						plain.cp.Key, plain.cp.Capacity, plain.field, tmpl.cp.Key, tmpl.field, tmpl.cp.CapacityFor(plain.cp.Key))
+				}
+			}
+		}
+	}
+}
+
 // checkHostPort checks a host:port address.
-func checkHostPort(addr string) error {
+func checkHostPort(addr string, minPort int) error {
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("want host:port, got %q", addr)
 	}
-	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return fmt.Errorf("port must be a number in 1..65535, got %q", port)
+	if n, err := strconv.Atoi(port); err != nil || n < minPort || n > 65535 {
+		return fmt.Errorf("port must be a number in %d..65535, got %q", minPort, port)
 	}
 	return nil
 }

@@ -34,10 +34,15 @@ type keyPart struct {
 
 // ParseKeyTemplate parses a semaphore key. Field names are dotted paths of
 // letters, digits, "_" and "-". It fails on an empty key, unbalanced braces,
-// an empty or malformed field name and control characters.
+// an empty or malformed field name, control characters and a key longer
+// than MaxRenderedKeyLen.
 func ParseKeyTemplate(s string) (*KeyTemplate, error) {
 	if s == "" {
 		return nil, errors.New("key is empty")
+	}
+	if len(s) > MaxRenderedKeyLen {
+		// Not quoted: the message would be as long as the key.
+		return nil, fmt.Errorf("key is %d bytes, longer than the %d allowed", len(s), MaxRenderedKeyLen)
 	}
 	kt := &KeyTemplate{raw: s}
 	lit := 0 // start of the current literal run
@@ -216,6 +221,20 @@ func jsonKind(v any) string {
 		return "a boolean"
 	}
 	return fmt.Sprintf("%T", v)
+}
+
+// shape is the template with its field names left out ("tenant:{}"): two
+// templates of one shape render the same keys.
+func (k *KeyTemplate) shape() string {
+	var b strings.Builder
+	for _, p := range k.parts {
+		if p.path == nil {
+			b.WriteString(p.literal)
+		} else {
+			b.WriteString("{}")
+		}
+	}
+	return b.String()
 }
 
 // matches reports whether rendered is a key this template can render.

@@ -129,3 +129,20 @@ func TestKeyTemplateMatches(t *testing.T) {
 		}
 	}
 }
+
+// TestOversizedKey: a declared key of 100 KiB is refused with a short
+// message that names the field, as a rendered key over the bound is.
+func TestOversizedKey(t *testing.T) {
+	big := strings.Repeat("k", 100<<10)
+	_, err := ParseConfig([]byte("tasks:\n  report:fetch:\n    semaphore:\n      key: " + big + "\n      capacity: 2\n"))
+	if err == nil || !strings.Contains(err.Error(), `tasks["report:fetch"].semaphore.key`) || len(err.Error()) > 500 {
+		t.Fatalf("a 100 KiB key: want a short error naming the field, got %.300v", err)
+	}
+	kt, err := ParseKeyTemplate("tenant:{tenant_id}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kt.Render([]byte(`{"tenant_id":"` + big + `"}`)); err == nil || len(err.Error()) > 500 {
+		t.Fatalf("rendering a 100 KiB key: want a short error, got %.300v", err)
+	}
+}

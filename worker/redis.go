@@ -54,6 +54,13 @@ func (r RedisConfig) AsynqConnOpt() (asynq.RedisConnOpt, error) {
 
 // NewClient returns a go-redis client for the configured Redis, with the
 // same settings as AsynqConnOpt. The caller closes it.
+//
+// Its calls end at their context's deadline (ContextTimeoutEnabled): the
+// semaphore renews a lease with a call bounded by the lease's local
+// deadline, and must learn that the seat is lost by then. Without it
+// go-redis bounds a call by its own dial and read timeouts only, and a
+// partitioned worker learned of its lost seat 3-5 s after the server had
+// given the seat to another worker (TestPartition).
 func (r RedisConfig) NewClient() (redis.UniversalClient, error) {
 	t, err := r.target()
 	if err != nil {
@@ -62,24 +69,26 @@ func (r RedisConfig) NewClient() (redis.UniversalClient, error) {
 	switch t.kind {
 	case kindSentinel:
 		return redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName:       t.master,
-			SentinelAddrs:    t.addrs,
-			SentinelUsername: t.sentinelUsername,
-			SentinelPassword: t.sentinelPassword,
-			Username:         t.username,
-			Password:         t.password,
-			DB:               t.db,
-			TLSConfig:        t.tlsConfig(),
+			ContextTimeoutEnabled: true,
+			MasterName:            t.master,
+			SentinelAddrs:         t.addrs,
+			SentinelUsername:      t.sentinelUsername,
+			SentinelPassword:      t.sentinelPassword,
+			Username:              t.username,
+			Password:              t.password,
+			DB:                    t.db,
+			TLSConfig:             t.tlsConfig(),
 		}), nil
 	case kindCluster:
-		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: t.addrs}), nil
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: t.addrs, ContextTimeoutEnabled: true}), nil
 	default:
 		return redis.NewClient(&redis.Options{
-			Addr:      t.addrs[0],
-			Username:  t.username,
-			Password:  t.password,
-			DB:        t.db,
-			TLSConfig: t.tlsConfig(),
+			ContextTimeoutEnabled: true,
+			Addr:                  t.addrs[0],
+			Username:              t.username,
+			Password:              t.password,
+			DB:                    t.db,
+			TLSConfig:             t.tlsConfig(),
 		}), nil
 	}
 }

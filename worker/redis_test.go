@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/internal/tcpproxy"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 )
@@ -293,5 +294,35 @@ func TestStartEmbedded(t *testing.T) {
 
 	if _, err := StartEmbedded(addr); err == nil || !strings.Contains(err.Error(), addr) {
 		t.Errorf("second StartEmbedded on %s: err = %v, want address in use", addr, err)
+	}
+}
+
+// TestNewClientCallsEndAtTheirDeadline: a call to a Redis that does not
+// answer (a blackholed connection) ends at its context's deadline, not at
+// go-redis's dial or read timeout. The semaphore's lease renewal relies on
+// it to learn of a lost seat before the server gives it away.
+func TestNewClientCallsEndAtTheirDeadline(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy, err := tcpproxy.New(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	for _, cfg := range []RedisConfig{{URL: "redis://" + proxy.Addr()}, {ClusterAddrs: []string{proxy.Addr()}}} {
+		rdb, err := cfg.NewClient()
+		if err != nil {
+			t.Fatal(err)
+		}
+		proxy.Cut()
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		start := time.Now()
+		err = rdb.Ping(ctx).Err()
+		took := time.Since(start)
+		cancel()
+		_ = rdb.Close()
+		proxy.Restore()
+		if err == nil || took > time.Second {
+			t.Errorf("%v: Ping through a blackhole with a 300ms deadline: %v after %s", cfg, err, took)
+		}
 	}
 }

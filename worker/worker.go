@@ -71,6 +71,7 @@ type Worker struct {
 	caps     *capTable
 	parking  *parking
 	recent   *recentKeys
+	asynqLog *asynqLogger
 
 	mu          sync.Mutex
 	middlewares []asynq.MiddlewareFunc
@@ -100,6 +101,7 @@ func New(cfg *Config, opts ...Option) (*Worker, error) {
 		w.opts.tracer = otel.GetTracerProvider()
 	}
 	w.log = w.opts.logger
+	w.asynqLog = newAsynqLogger(w.log)
 	caps, err := newCapTable(cfg)
 	if err != nil {
 		return nil, err
@@ -256,9 +258,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := srv.Start(handler); err != nil {
 		return fmt.Errorf("worker: start: %w", err)
 	}
+	recoverCtx, stopRecover := context.WithCancel(context.Background())
+	defer stopRecover()
+	go w.recoverLoop(recoverCtx)
 	w.log.Info("worker: serving", "queues", w.cfg.Worker.Queues, "concurrency", w.cfg.Worker.Concurrency,
 		"capped_task_types", w.caps.types(), "embedded_redis", w.embedded != nil)
 	<-ctx.Done()
+	stopRecover()
 	w.log.Info("worker: shutting down", "timeout", w.cfg.Worker.ShutdownTimeout)
 	srv.Stop()        // no new tasks
 	_ = w.sem.Close() // waiters abort and requeue; renewal stops
@@ -278,7 +284,7 @@ func (w *Worker) asynqConfig() asynq.Config {
 		DelayedTaskCheckInterval: w.cfg.Worker.DelayedTaskCheckInterval,
 		IsFailure:                IsFailure,
 		RetryDelayFunc:           RetryDelay,
-		Logger:                   newAsynqLogger(w.log),
+		Logger:                   w.asynqLog,
 		LogLevel:                 asynq.WarnLevel,
 		ErrorHandler: asynq.ErrorHandlerFunc(func(ctx context.Context, t *asynq.Task, err error) {
 			if IsFailure(err) {

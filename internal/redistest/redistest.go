@@ -6,6 +6,7 @@ package redistest
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"os"
@@ -27,6 +28,11 @@ type Server struct {
 	dir  string
 	port int
 	args []string
+
+	conf     string      // sentinel: the config file (sentinel rewrites it)
+	tlsCfg   *tls.Config // set: the server speaks only TLS on port
+	username string      // set: readiness checks and Client log in
+	password string
 
 	mu  sync.Mutex
 	cmd *exec.Cmd
@@ -64,21 +70,42 @@ func (s *Server) Dir() string { return s.dir }
 
 // Client returns a go-redis client for the server, closed at test end.
 func (s *Server) Client() *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr()})
+	c := redis.NewClient(s.options())
 	s.tb.Cleanup(func() { _ = c.Close() })
 	return c
 }
 
+// options are the client options that reach the server.
+func (s *Server) options() *redis.Options {
+	return &redis.Options{Addr: s.Addr(), TLSConfig: s.tlsCfg, Username: s.username, Password: s.password}
+}
+
+// Log is the server's log file so far.
+func (s *Server) Log() string {
+	b, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+	return string(b)
+}
+
 func (s *Server) start() {
 	s.tb.Helper()
-	args := append([]string{
-		"--port", strconv.Itoa(s.port),
-		"--bind", "127.0.0.1",
-		"--dir", s.dir,
-		"--save", "",
-		"--appendonly", "no",
-		"--logfile", filepath.Join(s.dir, "redis.log"),
-	}, s.args...)
+	var args []string
+	switch {
+	case s.conf != "":
+		args = []string{s.conf, "--sentinel"}
+	default:
+		port := []string{"--port", strconv.Itoa(s.port)}
+		if s.tlsCfg != nil {
+			port = []string{"--port", "0", "--tls-port", strconv.Itoa(s.port)}
+		}
+		args = append(port,
+			"--bind", "127.0.0.1",
+			"--dir", s.dir,
+			"--save", "",
+			"--appendonly", "no",
+			"--logfile", filepath.Join(s.dir, "redis.log"),
+		)
+	}
+	args = append(args, s.args...)
 	cmd := exec.Command("redis-server", args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -87,9 +114,8 @@ func (s *Server) start() {
 	s.mu.Lock()
 	s.cmd = cmd
 	s.mu.Unlock()
-	if err := WaitReady(s.Addr(), 10*time.Second); err != nil {
-		log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
-		s.tb.Fatalf("redistest: redis-server on %s: %v\n%s", s.Addr(), err, log)
+	if err := waitReady(s.options(), 10*time.Second); err != nil {
+		s.tb.Fatalf("redistest: redis-server on %s: %v\n%s", s.Addr(), err, s.Log())
 	}
 }
 
@@ -129,8 +155,14 @@ func (s *Server) StartAgain() {
 // WaitReady waits until a Redis server at addr answers PING and has loaded
 // its data.
 func WaitReady(addr string, within time.Duration) error {
+	return waitReady(&redis.Options{Addr: addr}, within)
+}
+
+func waitReady(opt *redis.Options, within time.Duration) error {
 	deadline := time.Now().Add(within)
-	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	o := *opt
+	o.MaxRetries, o.DialTimeout = -1, 200*time.Millisecond
+	c := redis.NewClient(&o)
 	defer c.Close()
 	var err error
 	for time.Now().Before(deadline) {
@@ -276,4 +308,19 @@ func StartDetached() (addr string, stop func(), err error) {
 		return "", nil, err
 	}
 	return addr, stop, nil
+}
+
+// StartWithUser is Start with the default user off and an ACL user
+// username/password allowed everything; the readiness check and Client log
+// in as that user.
+func StartWithUser(tb testing.TB, username, password string, opts ...Option) *Server {
+	tb.Helper()
+	s := &Server{tb: tb, dir: tb.TempDir(), port: FreePort(tb), username: username, password: password,
+		args: []string{"--user", "default", "off", "--user", username, "on", ">" + password, "~*", "&*", "+@all"}}
+	for _, o := range opts {
+		s.args = append(s.args, o...)
+	}
+	s.start()
+	tb.Cleanup(s.Stop)
+	return s
 }

@@ -1,0 +1,38 @@
+# fleetcap — run `make help` for the targets.
+SHELL := /bin/bash
+GO    ?= go
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@grep -E '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+.PHONY: run
+run: ## run one worker on the embedded Redis (config.yaml)
+	$(GO) run ./cmd/worker
+
+.PHONY: deps
+deps: ## install what the tests need (redis-server, redis-sentinel, chromium) when missing
+	@scripts/install-deps.sh
+
+.PHONY: test
+test: deps ## run every test with the race detector (starts private redis-servers)
+	$(GO) test -race -count=1 -timeout 30m ./...
+
+.PHONY: test-short
+test-short: deps ## the tests without the slow fault tests
+	$(GO) test -race -count=1 -short ./...
+
+.PHONY: fuzz
+fuzz: ## run each fuzz test for FUZZTIME (default 10s)
+	@scripts/fuzz.sh $${FUZZTIME:-10s}
+
+.PHONY: bench
+bench: deps ## print the SPEC §4 benchmark lines (REDIS_ADDR=host:port, else a private redis-server)
+	$(GO) run ./bench -scenarios $${SCENARIOS:-S1,S2,S3,S4,S5,S6}
+
+.PHONY: lint
+lint: ## gofmt and go vet
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
+	$(GO) vet ./...

@@ -1,0 +1,213 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetcap/fleetcap/internal/fleettest"
+)
+
+// fleetRun is one run of probe workers on the bench Redis.
+type fleetRun struct {
+	env       *benchEnv
+	queue     string
+	procs     []*fleettest.Proc
+	counters  *fleettest.Counters
+	countRDB  *redis.Client
+	mainRDB   *redis.Client
+	client    *asynq.Client
+	cmdsStart int64
+}
+
+// probeBinary builds the probe worker once per bench run.
+var probeBinary = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "fleetcap-bench-")
+	if err != nil {
+		return "", err
+	}
+	return fleettest.Build(dir, false)
+})
+
+// startFleet starts procs probe workers, with the probe type capped by
+// capYAML, on a queue of their own; counters live in a Redis of their own so
+// that they do not count as the fleet's Redis commands.
+func startFleet(ctx context.Context, env *benchEnv, name string, procs, concurrency int, capYAML string) (*fleetRun, error) {
+	bin, err := probeBinary()
+	if err != nil {
+		return nil, err
+	}
+	queue := fmt.Sprintf("%s-%d", name, time.Now().UnixNano())
+	dir, err := os.MkdirTemp("", "fleetcap-bench-run-")
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := fleettest.WriteConfig(dir, fleettest.ConfigOn("redis://"+env.addr, queue, concurrency, capYAML))
+	if err != nil {
+		return nil, err
+	}
+	r := &fleetRun{env: env, queue: queue}
+	r.mainRDB = redis.NewClient(&redis.Options{Addr: env.addr})
+	r.countRDB = redis.NewClient(&redis.Options{Addr: env.counterAddr})
+	r.counters = fleettest.NewCounters(r.countRDB, queue)
+	r.client = asynq.NewClient(asynq.RedisClientOpt{Addr: env.addr, PoolSize: 32})
+	for i := range procs {
+		p, err := fleettest.Start(bin, fmt.Sprintf("w%d", i), cfg, "--counters", "redis://"+env.counterAddr, "--prefix", queue)
+		if err != nil {
+			r.stop()
+			return nil, err
+		}
+		r.procs = append(r.procs, p)
+	}
+	return r, nil
+}
+
+// enqueue adds n probes (payload from fn) with up to 16 enqueuers at once.
+func (r *fleetRun) enqueue(ctx context.Context, n int, payload func(i int) map[string]any) error {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var firstErr atomic.Value
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				b, _ := json.Marshal(payload(i))
+				if _, err := r.client.EnqueueContext(ctx, asynq.NewTask("probe", b), asynq.Queue(r.queue)); err != nil {
+					firstErr.CompareAndSwap(nil, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err, ok := firstErr.Load().(error); ok {
+		return err
+	}
+	return nil
+}
+
+func (r *fleetRun) markCommands(ctx context.Context) error {
+	n, err := commandCount(ctx, r.mainRDB)
+	r.cmdsStart = n
+	return err
+}
+
+func (r *fleetRun) commandsSinceMark(ctx context.Context) (int64, error) {
+	n, err := commandCount(ctx, r.mainRDB)
+	return n - r.cmdsStart - 1, err
+}
+
+func (r *fleetRun) wait(ctx context.Context, n int, within time.Duration) error {
+	return r.counters.WaitDone(ctx, n, within, func() error {
+		for _, p := range r.procs {
+			if p.Exited() {
+				return fmt.Errorf("%s exited: %s", p.Name, p.Log())
+			}
+		}
+		return ctx.Err()
+	})
+}
+
+func (r *fleetRun) stop() {
+	var wg sync.WaitGroup
+	for _, p := range r.procs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = p.Stop(15 * time.Second)
+		}()
+	}
+	wg.Wait()
+	if r.client != nil {
+		_ = r.client.Close()
+	}
+	if r.countRDB != nil {
+		_ = r.countRDB.Close()
+	}
+	if r.mainRDB != nil {
+		_ = r.mainRDB.Close()
+	}
+}
+
+func capBlock(key string, capacity int, mode string) string {
+	return fmt.Sprintf("    semaphore:\n      key: %q\n      capacity: %d\n      mode: %s\n      ttl: 30s\n      wait_timeout: 10s\n", key, capacity, mode)
+}
+
+// runS1 is fleet saturation: 3 processes x 10 share a cap of 5.
+func runS1(ctx context.Context, env *benchEnv) error {
+	const capacity, procs, conc, tasks, dur = 5, 3, 10, 400, 25
+	for _, mode := range []string{"requeue", "wait"} {
+		r, err := startFleet(ctx, env, "s1-"+mode, procs, conc, capBlock(fmt.Sprintf("s1-%s-%d", mode, time.Now().UnixNano()), capacity, mode))
+		if err != nil {
+			return err
+		}
+		err = r.enqueue(ctx, tasks, func(int) map[string]any { return map[string]any{"ms": dur} })
+		if err == nil {
+			err = r.wait(ctx, tasks, 2*time.Minute)
+		}
+		if err != nil {
+			r.stop()
+			return err
+		}
+		makespan, _ := r.counters.Makespan(ctx)
+		peak, _ := r.counters.MaxInflight(ctx)
+		r.stop()
+		ideal := float64(tasks*dur) / float64(min(capacity, procs*conc))
+		ms := float64(makespan.Milliseconds())
+		if err := env.emit(map[string]any{
+			"peer": "fleetcap", "scenario": "S1", "variant": mode, "cap": capacity, "workers": procs, "conc": conc,
+			"tasks": tasks, "dur_ms": dur, "makespan_ms": int(ms), "utilization": round(ideal/ms, 3),
+			"max_inflight": peak, "tasks_per_s": int(float64(tasks) / ms * 1000),
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runS2 is the cap's overhead: no-op tasks through one process of 20, with
+// a cap of 1000 (never reached) and with no cap.
+func runS2(ctx context.Context, env *benchEnv) error {
+	const conc, tasks = 20, 20000
+	rates := map[string]float64{}
+	for _, variant := range []string{"capped", "bare"} {
+		capYAML := ""
+		if variant == "capped" {
+			capYAML = capBlock(fmt.Sprintf("s2-%d", time.Now().UnixNano()), 1000, "requeue")
+		}
+		r, err := startFleet(ctx, env, "s2-"+variant, 1, conc, capYAML)
+		if err != nil {
+			return err
+		}
+		err = r.enqueue(ctx, tasks, func(int) map[string]any { return map[string]any{"ms": 0} })
+		if err == nil {
+			err = r.wait(ctx, tasks, 5*time.Minute)
+		}
+		if err != nil {
+			r.stop()
+			return err
+		}
+		makespan, _ := r.counters.Makespan(ctx)
+		r.stop()
+		rates[variant] = float64(tasks) / makespan.Seconds()
+		if err := env.emit(map[string]any{
+			"peer": "fleetcap", "scenario": "S2", "variant": variant, "conc": conc, "tasks": tasks,
+			"ms": makespan.Milliseconds(), "tasks_per_s": int(rates[variant]),
+		}); err != nil {
+			return err
+		}
+	}
+	return env.emit(map[string]any{"peer": "fleetcap", "scenario": "S2", "variant": "ratio", "ratio": round(rates["capped"]/rates["bare"], 3)})
+}

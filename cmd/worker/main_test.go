@@ -1,0 +1,85 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleetcap/fleetcap/internal/redistest"
+)
+
+func writeConfig(t *testing.T, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestBadInput: bad flags, arguments and configs exit 2 with a message that
+// says what is wrong, before anything starts.
+func TestBadInput(t *testing.T) {
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown flag", []string{"--nope"}, "flag provided but not defined"},
+		{"extra argument", []string{"--config", "x.yaml", "extra"}, "unexpected arguments"},
+		{"missing config", []string{"--config", filepath.Join(t.TempDir(), "none.yaml")}, "no such file"},
+		{"unknown field", []string{"--config", writeConfig(t, "worker:\n  concurency: 3\n")}, "concurency"},
+		{"capacity 0", []string{"--config", writeConfig(t, "tasks:\n  report:fetch:\n    semaphore: {key: a, capacity: 0}\n")}, "capacity"},
+		{"bad duration", []string{"--config", writeConfig(t, "worker:\n  shutdown_timeout: soon\n")}, "shutdown_timeout"},
+		{"unknown mode", []string{"--config", writeConfig(t, "tasks:\n  report:fetch:\n    semaphore: {capacity: 1, mode: hurry}\n")}, "mode"},
+		{"two capacities for one key", []string{"--config", writeConfig(t, "tasks:\n  report:fetch:\n    semaphore: {key: a, capacity: 1}\n  webhook:deliver:\n    semaphore: {key: a, capacity: 2}\n")}, "capacit"},
+		{"task type without a handler", []string{"--config", writeConfig(t, "tasks:\n  image:resize:\n    semaphore: {capacity: 1}\n")}, "image:resize"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := exitCode(run(context.Background(), c.args, &stdout, &stderr), &stderr)
+			if code != 2 {
+				t.Fatalf("exit code %d, want 2; stderr:\n%s", code, stderr.String())
+			}
+			if !strings.Contains(stderr.String(), c.want) {
+				t.Fatalf("stderr %q does not say %q", stderr.String(), c.want)
+			}
+			if stdout.Len() != 0 {
+				t.Fatalf("printed %q though it did not start", stdout.String())
+			}
+		})
+	}
+}
+
+// TestRunsAndStops: with a good config the worker prints where its pages
+// are and exits 0 when its context ends (as on SIGTERM).
+func TestRunsAndStops(t *testing.T) {
+	srv := redistest.Start(t)
+	cfg := writeConfig(t, "redis:\n  url: "+srv.URL()+"\nmonitoring:\n  addr: 127.0.0.1:0\n")
+	ctx, cancel := context.WithCancel(context.Background())
+	var stderr bytes.Buffer
+	done := make(chan int, 1)
+	out := &lockedBuffer{}
+	go func() { done <- exitCode(run(ctx, []string{"--config", cfg}, out, &stderr), &stderr) }()
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(out.String(), "/semaphores") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no page addresses printed: %q", out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("exit code %d; stderr:\n%s", code, stderr.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("worker did not stop")
+	}
+}

@@ -1,0 +1,317 @@
+// Package fleettest runs fleets of probe workers (internal/probeworker) as
+// separate processes against one Redis, for the end-to-end tests and the
+// benchmarks.
+package fleettest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Build compiles the probe worker into dir and returns its path; race
+// builds it with the race detector.
+func Build(dir string, race bool) (string, error) {
+	return BuildCommand(dir, "github.com/fleetcap/fleetcap/internal/probeworker", race)
+}
+
+// BuildCommand compiles the main package pkg into dir (the binary is named
+// after the package's last path element) and returns its path.
+func BuildCommand(dir, pkg string, race bool) (string, error) {
+	bin := filepath.Join(dir, filepath.Base(pkg))
+	args := []string{"build", "-o", bin}
+	if race {
+		args = append(args, "-race")
+	}
+	args = append(args, pkg)
+	cmd := exec.Command("go", args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("fleettest: go build %s: %v\n%s", pkg, err, out.String())
+	}
+	return bin, nil
+}
+
+// Proc is one probe worker process.
+type Proc struct {
+	Name string
+	cmd  *exec.Cmd
+	log  *bytes.Buffer
+	done chan struct{}
+	err  error
+}
+
+// Start launches a probe worker with the config file and extra flags. Its
+// output goes to a buffer (Log). It returns once the worker is serving.
+func Start(bin, name, config string, flags ...string) (*Proc, error) {
+	return StartEnv(nil, bin, name, config, flags...)
+}
+
+// StartEnv is Start with extra environment variables (KEY=value) added to
+// the test's own.
+func StartEnv(env []string, bin, name, config string, flags ...string) (*Proc, error) {
+	cmd := exec.Command(bin, append([]string{"--config", config}, flags...)...)
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
+	p := &Proc{Name: name, cmd: cmd, log: &bytes.Buffer{}, done: make(chan struct{})}
+	w := &syncWriter{buf: p.log}
+	cmd.Stderr = w
+	ready := make(chan struct{})
+	cmd.Stdout = &readyWriter{w: w, ready: ready}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	select {
+	case <-ready:
+		return p, nil
+	case <-p.done:
+		return nil, fmt.Errorf("fleettest: %s exited at start: %v\n%s", name, p.err, p.Log())
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		return nil, fmt.Errorf("fleettest: %s not ready in 30s\n%s", name, p.Log())
+	}
+}
+
+// Log is what the process printed so far.
+func (p *Proc) Log() string {
+	if w, ok := p.cmd.Stderr.(*syncWriter); ok {
+		return w.String()
+	}
+	return ""
+}
+
+// PID is the process ID.
+func (p *Proc) PID() int { return p.cmd.Process.Pid }
+
+// Signal sends sig to the process.
+func (p *Proc) Signal(sig syscall.Signal) error { return p.cmd.Process.Signal(sig) }
+
+// Wait waits up to within for the process to exit and returns its exit
+// error (nil for exit code 0).
+func (p *Proc) Wait(within time.Duration) error {
+	select {
+	case <-p.done:
+		return p.err
+	case <-time.After(within):
+		return fmt.Errorf("fleettest: %s still running after %s", p.Name, within)
+	}
+}
+
+// Exited reports whether the process has ended.
+func (p *Proc) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Kill ends the process with SIGKILL and waits for it.
+func (p *Proc) Kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+// Stop ends the process gracefully (SIGTERM), killing it after within.
+func (p *Proc) Stop(within time.Duration) error {
+	if p.Exited() {
+		return nil
+	}
+	_ = p.Signal(syscall.SIGTERM)
+	if err := p.Wait(within); err != nil {
+		p.Kill()
+		return err
+	}
+	return nil
+}
+
+type syncWriter struct {
+	mu  sync.Mutex
+	buf *bytes.Buffer
+}
+
+func (w *syncWriter) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.Write(b)
+}
+
+func (w *syncWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
+}
+
+// readyWriter closes ready when the worker prints that it serves.
+type readyWriter struct {
+	w     *syncWriter
+	ready chan struct{}
+	once  sync.Once
+}
+
+func (r *readyWriter) Write(b []byte) (int, error) {
+	if bytes.Contains(b, []byte("probeworker: ready")) {
+		r.once.Do(func() { close(r.ready) })
+	}
+	return r.w.Write(b)
+}
+
+// Counters reads the probe counters of prefix.
+type Counters struct {
+	rdb redis.UniversalClient
+	p   string
+}
+
+// NewCounters reads counters under prefix on rdb.
+func NewCounters(rdb redis.UniversalClient, prefix string) *Counters {
+	return &Counters{rdb: rdb, p: "{" + prefix + "}:"}
+}
+
+// Done is how many distinct tasks finished.
+func (c *Counters) Done(ctx context.Context) (int, error) {
+	n, err := c.rdb.SCard(ctx, c.p+"done").Result()
+	return int(n), err
+}
+
+// IsDone reports whether the task with this ID finished.
+func (c *Counters) IsDone(ctx context.Context, id string) (bool, error) {
+	return c.rdb.SIsMember(ctx, c.p+"done", id).Result()
+}
+
+// Runs is how many runs finished (a task run twice counts twice).
+func (c *Counters) Runs(ctx context.Context) (int, error) { return c.int(ctx, "runs") }
+
+// MaxInflight is the most probes that ran at once.
+func (c *Counters) MaxInflight(ctx context.Context) (int, error) { return c.int(ctx, "max") }
+
+// Inflight is how many probes run now.
+func (c *Counters) Inflight(ctx context.Context) (int, error) { return c.int(ctx, "inflight") }
+
+// MaxInflightPerTenant is the most probes of each tenant that ran at once.
+func (c *Counters) MaxInflightPerTenant(ctx context.Context) (map[string]int, error) {
+	m, err := c.rdb.HGetAll(ctx, c.p+"tmax").Result()
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]int, len(m))
+	for k, v := range m {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return nil, err
+		}
+		out[k] = n
+	}
+	return out, nil
+}
+
+// forgetScript counts out the probes a killed process left counted in.
+var forgetScript = redis.NewScript(`
+local n = tonumber(redis.call('GET', KEYS[1] .. 'inflight:pid:' .. ARGV[1]) or '0')
+redis.call('DECRBY', KEYS[1] .. 'inflight', n)
+redis.call('DEL', KEYS[1] .. 'inflight:pid:' .. ARGV[1])
+return n`)
+
+// Forget counts out the probes that the killed process pid was running
+// (it never will) and returns how many. Call it before their seats lapse,
+// so that no probe starts in between.
+func (c *Counters) Forget(ctx context.Context, pid int) (int, error) {
+	return forgetScript.Run(ctx, c.rdb, []string{c.p}, pid).Int()
+}
+
+// Makespan is the time from the first probe's start to the last one's end.
+func (c *Counters) Makespan(ctx context.Context) (time.Duration, error) {
+	first, err := c.int(ctx, "first")
+	if err != nil {
+		return 0, err
+	}
+	last, err := c.int(ctx, "last")
+	if err != nil {
+		return 0, err
+	}
+	return time.Duration(last-first) * time.Millisecond, nil
+}
+
+func (c *Counters) int(ctx context.Context, name string) (int, error) {
+	v, err := c.rdb.Get(ctx, c.p+name).Int()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	return v, err
+}
+
+// WaitDone waits until n distinct tasks finished, or fails after within
+// (or as soon as check returns an error).
+func (c *Counters) WaitDone(ctx context.Context, n int, within time.Duration, check func() error) error {
+	deadline := time.Now().Add(within)
+	for {
+		done, err := c.Done(ctx)
+		if err == nil && done >= n {
+			return nil
+		}
+		if check != nil {
+			if err := check(); err != nil {
+				return err
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("fleettest: %d of %d tasks done after %s (last error %v)", done, n, within, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Config is a probe fleet's config.yaml: the probe task type on queue
+// (empty: "default") with the caps in capYAML (indented for
+// tasks.probe).
+func Config(redisURL string, concurrency int, capYAML string) string {
+	return ConfigOn(redisURL, "default", concurrency, capYAML)
+}
+
+// ConfigOn is Config with the probes on a queue of their own.
+func ConfigOn(redisURL, queue string, concurrency int, capYAML string) string {
+	return ConfigTypes(redisURL, queue, concurrency, map[string]string{"probe": capYAML})
+}
+
+// ConfigTypes is a config with several probe task types (the probe worker
+// serves every type its config declares), each on queue with the caps in
+// its entry of capYAML (indented for tasks.<type>).
+func ConfigTypes(redisURL, queue string, concurrency int, capYAML map[string]string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "redis:\n  url: %q\nworker:\n  concurrency: %d\n  queues: {%q: 1}\n  shutdown_timeout: 5s\nmonitoring:\n  addr: 127.0.0.1:0\n", redisURL, concurrency, queue)
+	b.WriteString("tasks:\n")
+	types := make([]string, 0, len(capYAML))
+	for typ := range capYAML {
+		types = append(types, typ)
+	}
+	slices.Sort(types)
+	for _, typ := range types {
+		fmt.Fprintf(&b, "  %s:\n    queue: %q\n    max_retry: 3\n", typ, queue)
+		b.WriteString(capYAML[typ])
+	}
+	return b.String()
+}
+
+// WriteConfig writes a config file into dir.
+func WriteConfig(dir, content string) (string, error) {
+	path := filepath.Join(dir, "fleet.yaml")
+	return path, os.WriteFile(path, []byte(content), 0o600)
+}

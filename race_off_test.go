@@ -1,0 +1,5 @@
+//go:build !race
+
+package fleetcap_test
+
+const raceBuild = false

@@ -1,0 +1,62 @@
+package worker
+
+import (
+	"context"
+	_ "embed"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Recovering the tasks of a dead worker. asynq leases each active task for
+// 30 s and its heartbeater renews the lease every 5 s; when a worker dies,
+// asynq's recoverer brings its tasks back only once the lease has been
+// expired for 30 s more, checking once a minute: 60 to 120 s, and it counts
+// a retry (a task with none left is archived). Every fleetcap worker also
+// checks every recoverInterval and brings back, without spending a retry,
+// tasks whose lease expired more than recoverGrace ago: about 35 to 40 s
+// after the crash. asynq offers no setting for this, so it follows asynq's
+// own requeue on asynq's keys.
+const (
+	recoverInterval = 5 * time.Second
+	recoverGrace    = 5 * time.Second // clock skew between workers it tolerates: up to 25 s
+	maxRecoveries   = 3
+)
+
+//go:embed lua/recover.lua
+var recoverSrc string
+
+var recoverScript = redis.NewScript(recoverSrc)
+
+// recoverLoop runs until ctx is done.
+func (w *Worker) recoverLoop(ctx context.Context) {
+	t := time.NewTicker(recoverInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		w.recoverOnce(ctx)
+	}
+}
+
+// recoverOnce brings back the lease-expired tasks of every queue.
+func (w *Worker) recoverOnce(ctx context.Context) {
+	cutoff := time.Now().Add(-recoverGrace).Unix()
+	for queue := range w.cfg.Worker.Queues {
+		prefix := "asynq:{" + queue + "}:"
+		ids, err := recoverScript.Run(ctx, w.rdb, []string{prefix + "active", prefix + "lease", prefix + "pending"},
+			cutoff, prefix+"t:", maxRecoveries).StringSlice()
+		if err != nil {
+			if ctx.Err() == nil {
+				w.log.Warn("worker: recover tasks of dead workers", "queue", queue, "err", err)
+			}
+			continue
+		}
+		for _, id := range ids {
+			w.log.Warn("worker: brought back a task whose worker stopped renewing its lease", "queue", queue, "id", id)
+		}
+	}
+}

@@ -1,0 +1,307 @@
+// End-to-end tests of the fleet: several probe worker processes (built
+// binaries) on one real Redis that the test starts, with an independent
+// counter of how many capped tasks run at once.
+package fleetcap_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/fleetcap/fleetcap/internal/fleettest"
+	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/semaphore"
+)
+
+var probeBin, enqueueBin, workerBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "fleetcap-probe-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	probeBin, err = fleettest.Build(dir, raceBuild)
+	if err == nil {
+		enqueueBin, err = fleettest.BuildCommand(dir, "github.com/fleetcap/fleetcap/cmd/enqueue", false)
+	}
+	if err == nil {
+		workerBin, err = fleettest.BuildCommand(dir, "github.com/fleetcap/fleetcap/cmd/worker", raceBuild)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// fleet is a running fleet of probe workers on a private Redis.
+type fleet struct {
+	t        *testing.T
+	srv      *redistest.Server
+	config   string
+	env      []string // of every probe worker add starts
+	flags    []string
+	procs    []*fleettest.Proc
+	client   *asynq.Client
+	insp     *asynq.Inspector
+	counters *fleettest.Counters
+}
+
+func startFleet(t *testing.T, n, concurrency int, capYAML string) *fleet {
+	t.Helper()
+	srv := redistest.Start(t)
+	cfg, err := fleettest.WriteConfig(t.TempDir(), fleettest.Config(srv.URL(), concurrency, capYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fleet{t: t, srv: srv, config: cfg}
+	conn := asynq.RedisClientOpt{Addr: srv.Addr()}
+	f.client = asynq.NewClient(conn)
+	f.insp = asynq.NewInspector(conn)
+	t.Cleanup(func() { _ = f.client.Close(); _ = f.insp.Close() })
+	f.counters = fleettest.NewCounters(srv.Client(), "probe")
+	for i := range n {
+		f.add(fmt.Sprintf("w%d", i))
+	}
+	return f
+}
+
+func (f *fleet) add(name string) *fleettest.Proc {
+	f.t.Helper()
+	return f.addWith(name, f.env, f.config, f.flags...)
+}
+
+// addWith starts a probe worker with its own config, extra environment and
+// flags.
+func (f *fleet) addWith(name string, env []string, config string, flags ...string) *fleettest.Proc {
+	f.t.Helper()
+	p, err := fleettest.StartEnv(env, probeBin, name, config, flags...)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.procs = append(f.procs, p)
+	f.t.Cleanup(func() {
+		if err := p.Stop(10 * time.Second); err != nil {
+			f.t.Errorf("%s: %v", name, err)
+		}
+		if f.t.Failed() {
+			f.t.Logf("%s log:\n%s", name, p.Log())
+		}
+	})
+	return p
+}
+
+// enqueue adds n probes of ms milliseconds; every fifth has max_retry 0
+// (no retry to spend: a full semaphore must still not archive it).
+func (f *fleet) enqueue(n, ms int) {
+	f.t.Helper()
+	for i := range n {
+		payload, _ := json.Marshal(map[string]any{"ms": ms})
+		opts := []asynq.Option{asynq.MaxRetry(3)}
+		if i%5 == 0 {
+			opts = []asynq.Option{asynq.MaxRetry(0)}
+		}
+		if _, err := f.client.Enqueue(asynq.NewTask("probe", payload), opts...); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+}
+
+// procsAlive fails when a worker that should run has exited.
+func (f *fleet) procsAlive(except ...*fleettest.Proc) func() error {
+	return func() error {
+		for _, p := range f.procs {
+			skip := false
+			for _, e := range except {
+				skip = skip || p == e
+			}
+			if !skip && p.Exited() {
+				return fmt.Errorf("%s exited: %s", p.Name, p.Log())
+			}
+		}
+		return nil
+	}
+}
+
+// check asserts the cap held (and was reached), every task finished, and
+// none was archived.
+func (f *fleet) check(ctx context.Context, tasks, capacity int) {
+	f.t.Helper()
+	peak, err := f.counters.MaxInflight(ctx)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if peak > capacity {
+		f.t.Fatalf("cap exceeded: %d tasks ran at once, capacity %d", peak, capacity)
+	}
+	if peak < capacity {
+		f.t.Fatalf("seats left idle: at most %d of %d ran at once", peak, capacity)
+	}
+	done, err := f.counters.Done(ctx)
+	if err != nil || done != tasks {
+		f.t.Fatalf("%d of %d tasks done (%v)", done, tasks, err)
+	}
+	info, err := f.insp.GetQueueInfo("default")
+
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if info.Archived != 0 {
+		archived, _ := f.insp.ListArchivedTasks("default")
+		for _, a := range archived {
+			f.t.Logf("archived %s: %s", a.ID, a.LastErr)
+		}
+		f.t.Fatalf("%d tasks archived", info.Archived)
+	}
+}
+
+// semHolders returns a function listing the task IDs holding seats of key.
+func (f *fleet) semHolders(t *testing.T, key string) func() []string {
+	s, err := semaphore.New(f.srv.Client(), semaphore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return func() []string {
+		hs, err := s.Holders(context.Background(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, h := range hs {
+			ids = append(ids, h.Label)
+		}
+		return ids
+	}
+}
+
+func intersect(a, b []string) []string {
+	var out []string
+	for _, x := range a {
+		for _, y := range b {
+			if x == y {
+				out = append(out, x)
+			}
+		}
+	}
+	return out
+}
+
+func capYAML(mode string, capacity int, ttl string) string {
+	return fmt.Sprintf("    semaphore:\n      key: probe-cap\n      capacity: %d\n      mode: %s\n      ttl: %s\n      wait_timeout: 2s\n", capacity, mode, ttl)
+}
+
+func TestFleetCapHolds(t *testing.T) {
+	for _, mode := range []string{"requeue", "wait"} {
+		t.Run(mode, func(t *testing.T) {
+			const tasks, capacity = 90, 3
+			f := startFleet(t, 3, 6, capYAML(mode, capacity, "10s"))
+			ctx := context.Background()
+			f.enqueue(tasks, 20)
+			if err := f.counters.WaitDone(ctx, tasks, 90*time.Second, f.procsAlive()); err != nil {
+				t.Fatal(err)
+			}
+			f.check(ctx, tasks, capacity)
+		})
+	}
+}
+
+// TestFleetSurvivesSIGKILL kills a worker that holds seats mid-run: its
+// seats lapse within their TTL, asynq recovers its tasks, every task
+// completes and the cap holds.
+func TestFleetSurvivesSIGKILL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for asynq's recoverer (about a minute)")
+	}
+	const tasks, capacity = 30, 3
+	// The victim starts alone, so that the seats it takes are surely its own.
+	f := startFleet(t, 1, 4, capYAML("requeue", capacity, "2s"))
+	ctx := context.Background()
+	f.enqueue(tasks, 300)
+	victim := f.procs[0]
+	holders := f.semHolders(t, "probe-cap")
+	var held []string
+	deadline := time.Now().Add(30 * time.Second)
+	for len(held) == 0 {
+		held = holders()
+		if time.Now().After(deadline) {
+			t.Fatal("the victim never took a seat")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	f.add("w1")
+	f.add("w2")
+	victim.Kill()
+	start := time.Now()
+	// The killed probes never count themselves out: do it for them, while
+	// their seats still keep anyone else from starting.
+	if n, err := f.counters.Forget(ctx, victim.PID()); err != nil || n == 0 {
+		t.Fatalf("count out the killed probes: %d, %v", n, err)
+	}
+	// Its seats lapse within their TTL (2s), though nobody released them.
+	for len(intersect(holders(), held)) > 0 {
+		if time.Since(start) > 3*time.Second {
+			t.Fatalf("seats of the killed worker still held %s after the kill (TTL 2s)", time.Since(start))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("the killed worker's seats lapsed %s after the kill", time.Since(start).Round(time.Millisecond))
+	// Its tasks come back to the queue (worker/recover.go) long before
+	// asynq's own recoverer would bring them (60-120 s).
+	var recovered time.Duration
+	for _, id := range held {
+		for {
+			info, err := f.insp.GetTaskInfo("default", id)
+			if err != nil || info.State != asynq.TaskStateActive {
+				break
+			}
+			if time.Since(start) > 60*time.Second {
+				t.Fatalf("task %s of the killed worker still active %s after the kill", id, time.Since(start).Round(time.Second))
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		recovered = time.Since(start)
+	}
+	t.Logf("the killed worker's %d tasks were recovered %s after the kill (asynq alone: 60-120 s)", len(held), recovered.Round(100*time.Millisecond))
+	if err := f.counters.WaitDone(ctx, tasks, 4*time.Minute, f.procsAlive(victim)); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("all tasks done %s after the SIGKILL", time.Since(start).Round(time.Second))
+	f.check(ctx, tasks, capacity)
+}
+
+// TestFleetGracefulSIGTERM stops a worker mid-run: it exits 0 within its
+// shutdown timeout, and nothing is lost.
+func TestFleetGracefulSIGTERM(t *testing.T) {
+	const tasks, capacity = 40, 3
+	for _, mode := range []string{"requeue", "wait"} {
+		t.Run(mode, func(t *testing.T) {
+			f := startFleet(t, 3, 4, capYAML(mode, capacity, "10s"))
+			ctx := context.Background()
+			f.enqueue(tasks, 150)
+			if err := f.counters.WaitDone(ctx, 5, 30*time.Second, f.procsAlive()); err != nil {
+				t.Fatal(err)
+			}
+			leaving := f.procs[0]
+			if err := leaving.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			if err := leaving.Wait(10 * time.Second); err != nil {
+				t.Fatalf("graceful shutdown: %v\n%s", err, leaving.Log())
+			}
+			if err := f.counters.WaitDone(ctx, tasks, 60*time.Second, f.procsAlive(leaving)); err != nil {
+				t.Fatal(err)
+			}
+			f.check(ctx, tasks, capacity)
+		})
+	}
+}
