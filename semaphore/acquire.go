@@ -137,7 +137,6 @@ type attemptResult struct {
 	released  int       // 1 held, 0 lost, -1 no release asked
 	earliest  time.Time // soonest lease expiry when not granted; zero if none
 	other     int64     // ticket of the first other entry in line, 0 if none
-	waiting   int64     // entries in line after the call
 	nowMicros int64
 	sent      time.Time // local time the call was sent
 }
@@ -158,7 +157,7 @@ func (s *Service) attempt(req request, entry, ticket, next, release string) (att
 	if err != nil {
 		return res, err
 	}
-	var nums [8]int64
+	var nums [7]int64
 	if len(vals) != len(nums) {
 		return res, fmt.Errorf("semaphore: acquire script replied %d values", len(vals))
 	}
@@ -175,7 +174,6 @@ func (s *Service) attempt(req request, entry, ticket, next, release string) (att
 	}
 	res.other = nums[4]
 	res.nowMicros = nums[5]*1e6 + nums[6]
-	res.waiting = nums[7]
 	s.clock.observe(res.nowMicros, res.sent, time.Now())
 	return res, nil
 }

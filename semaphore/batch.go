@@ -16,22 +16,19 @@ import (
 // this process writes and reads them with one each. A flusher runs only
 // while calls are pending; with one caller at a time a batch is that one
 // call. Scripts go as EVALSHA; those the server does not know yet
-// (NOSCRIPT) are sent again as EVAL, which also loads them. A release
-// on its fast path is two plain commands, batched the same way.
+// (NOSCRIPT) are sent again as EVAL, which also loads them.
 
 const (
 	maxFlushers = 4   // batches on the wire at once
 	maxBatch    = 128 // calls in one pipeline
 )
 
-// evalCall is one script call, or a few plain commands, waiting for its
-// batch.
+// evalCall is one script call waiting for its batch.
 type evalCall struct {
-	script *redis.Script // nil for plain commands
+	script *redis.Script
 	keys   []string
 	args   []any
-	cmd    *redis.Cmd    // the script's reply
-	cmds   []redis.Cmder // plain commands, sent in this order
+	cmd    *redis.Cmd // the script's reply
 	done   chan struct{}
 }
 
@@ -49,12 +46,6 @@ func (b *batcher) run(script *redis.Script, keys []string, args ...any) *redis.C
 	c := &evalCall{script: script, keys: keys, args: args}
 	b.wait(c)
 	return c.cmd
-}
-
-// do sends plain commands through the next batch and waits for their
-// replies; each command carries its own.
-func (b *batcher) do(cmds ...redis.Cmder) {
-	b.wait(&evalCall{cmds: cmds})
 }
 
 func (b *batcher) wait(c *evalCall) {
@@ -105,27 +96,18 @@ func (b *batcher) flush() {
 func (b *batcher) send(batch []*evalCall) {
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
-	if len(batch) == 1 && batch[0].script != nil {
+	if len(batch) == 1 {
 		c := batch[0]
 		c.cmd = c.script.Run(ctx, b.rdb, c.keys, c.args...)
 		return
 	}
 	pipe := b.rdb.Pipeline()
 	for _, c := range batch {
-		if c.script != nil {
-			c.cmd = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
-			continue
-		}
-		for _, cmd := range c.cmds {
-			_ = pipe.Process(ctx, cmd)
-		}
+		c.cmd = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
 	}
 	_, _ = pipe.Exec(ctx) // every command carries its own error
 	var retry []*evalCall
 	for _, c := range batch {
-		if c.script == nil {
-			continue
-		}
 		if err := c.cmd.Err(); err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
 			retry = append(retry, c)
 		}

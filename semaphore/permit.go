@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"sync"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // Permit is a leased seat of a semaphore. Release it when the work is done;
@@ -19,9 +17,6 @@ type Permit struct {
 	id       string
 	member   string // its member of the holders ZSET
 	capacity int
-	// contended: someone was waiting when the seat was taken, so someone
-	// likely is at release: release wakes them in the same call
-	contended bool
 	// ready is closed once a seat handed over locally is the permit's on
 	// the store too (or known lost); nil when it was from the start.
 	ready chan struct{}
@@ -49,7 +44,6 @@ func newPermit(s *Service, req request, res attemptResult) *Permit {
 		id:         res.permitID,
 		member:     res.member,
 		capacity:   req.capacity,
-		contended:  res.waiting > 0,
 		acquiredAt: res.now,
 		ttl:        req.cfg.ttl,
 		expiresAt:  res.now.Add(req.cfg.ttl),
@@ -76,7 +70,6 @@ func (s *Service) handedPermit(req request) *Permit {
 		id:         id,
 		member:     member(id, req.cfg.holder),
 		capacity:   req.capacity,
-		contended:  true, // it had to wait
 		ready:      make(chan struct{}),
 		acquiredAt: now,
 		ttl:        req.cfg.ttl,
@@ -214,39 +207,11 @@ func (s *Service) release(ctx context.Context, p *Permit) (bool, error) {
 	if err != nil || handed {
 		return held, err
 	}
-	p.mu.Lock()
-	live := time.Until(p.deadline) > releaseMargin
-	p.mu.Unlock()
-	if !live || p.contended {
-		// The lease may have run out: the store's clock decides. Or
-		// someone likely waits: one call frees the seat and wakes them.
-		n, err := s.batch.of(p.k.holders).run(releaseScript, []string{p.k.holders, p.k.queue}, p.member, p.capacity, s.wakePrefix(), p.key).Int()
-		return n == 1, err
-	}
-	// The lease surely runs on the store (it started after the local
-	// deadline's count began), so the member still being there is all that
-	// "held" needs: two plain commands instead of a script. Waking the line,
-	// if someone came to wait since the seat was taken, is a second call.
-	zrem := redis.NewIntCmd(ctx, "zrem", p.k.holders, p.member)
-	waiting := redis.NewIntCmd(ctx, "zcard", p.k.queue)
-	s.batch.of(p.k.holders).do(zrem, waiting)
-	if err := zrem.Err(); err != nil {
-		return false, err
-	}
-	if zrem.Val() == 0 {
-		return false, nil
-	}
-	if waiting.Err() == nil && waiting.Val() > 0 {
-		if err := s.batch.of(p.k.holders).run(wakeScript, []string{p.k.holders, p.k.queue}, p.capacity, s.wakePrefix(), p.key).Err(); err != nil {
-			s.log.Warn("semaphore: wake the waiting line after a release (they retry on backoff)", "key", p.key, "err", err)
-		}
-	}
-	return true, nil
+	// One call frees the seat, decides "held" by the store's clock, and
+	// wakes the waiters first in line.
+	n, err := s.batch.of(p.k.holders).run(releaseScript, []string{p.k.holders, p.k.queue}, p.member, p.capacity, s.wakePrefix(), p.key).Int()
+	return n == 1, err
 }
-
-// releaseMargin is how far ahead a lease's local deadline must be for a
-// release to trust that the lease still runs on the store.
-const releaseMargin = 50 * time.Millisecond
 
 // Extend pushes the lease expiry to now + ttl (server time). It returns an
 // error wrapping ErrExtension when the seat is gone on the store.

@@ -49,7 +49,6 @@ var (
 	extendScript       = script("extend.lua")
 	leaveScript        = script("leave.lua")
 	handoffScript      = script("handoff.lua")
-	wakeScript         = script("wake.lua")
 	forceReleaseScript = script("forcerelease.lua")
 	holdersScript      = script("holders.lua")
 	heldScript         = script("held.lua")

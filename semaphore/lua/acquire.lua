@@ -26,8 +26,7 @@
 -- Reply: {granted 1|0, now ms, released 1 held|0 lost|-1 none, earliest
 --         lease expiry ms (0 if none or granted), first ticket of another
 --         entry in line ('' if none), now: seconds, now: microseconds
---         within the second (TIME's own two strings, unformatted), entries
---         in line after the call}
+--         within the second (TIME's own two strings, unformatted)}
 
 local holders, queue, qexp = KEYS[1], KEYS[2], KEYS[3]
 local ttl = tonumber(ARGV[2])
@@ -139,4 +138,4 @@ if granted == 0 then
   local e = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
   if #e > 0 then earliest = tonumber(e[2]) end
 end
-return {granted, now, released, earliest, other, t[1], t[2], waiting}
+return {granted, now, released, earliest, other, t[1], t[2]}
