@@ -343,3 +343,85 @@ func TestStackedWakeEveryKey(t *testing.T) {
 	f.checkPeaks(ctx, 2, map[string]int{"a": 1, "b": 1, "c": 1})
 	f.noneArchived()
 }
+
+// TestIdleKeysExpire: every key the fleet writes per semaphore key (seats,
+// waiting lines, parked lines) carries a TTL while the run goes on, and none
+// is left soon after it.
+func TestIdleKeysExpire(t *testing.T) {
+	caps := `    semaphores:
+      - {key: global, capacity: 3, standby: 0, ttl: 2s}
+      - {key: "tenant:{tenant}", capacity: 1, mode: wait, wait_timeout: 1s, ttl: 2s}
+`
+	f := startFleetTypes(t, 3, 4, map[string]string{"probe": caps})
+	ctx := context.Background()
+	rdb := f.srv.Client()
+	semKeys := func() []string {
+		keys, err := rdb.Keys(ctx, "fleetcap:sem:*").Result()
+		if err != nil {
+			t.Error(err)
+		}
+		return keys
+	}
+	// Sample the keys and their TTLs while the run goes on.
+	seen := map[string]bool{}
+	var noTTL []string
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			for _, k := range semKeys() {
+				if !seen[k] {
+					seen[k] = true
+					// -2: gone meanwhile; -1: no TTL.
+					if ttl, err := rdb.PTTL(ctx, k).Result(); err == nil && ttl == -1 {
+						noTTL = append(noTTL, k)
+					}
+				}
+			}
+		}
+	}()
+	const tenants, each = 20, 3
+	for tn := range tenants { // a tenant's tasks side by side: they meet its cap
+		for i := range each {
+			f.enqueueRaw("probe", probePayload(40, fmt.Sprintf("t%02d", tn)), i)
+		}
+	}
+	err := f.counters.WaitDone(ctx, tenants*each, 60*time.Second, f.procsAlive())
+	close(stop)
+	<-sampled
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := time.Now()
+	kinds := map[string]int{}
+	for k := range seen {
+		kinds[k[strings.LastIndexByte(k, ':')+1:]]++
+	}
+	t.Logf("semaphore keys seen during the run, by kind: %v", kinds) // holders, labels, queue, qexp, parked
+	if kinds["parked"] == 0 || kinds["holders"] == 0 || kinds["queue"] == 0 {
+		t.Errorf("the run did not park tasks or hold seats (keys seen %v): the test misses its point", kinds)
+	}
+	if len(noTTL) > 0 {
+		t.Errorf("keys without a TTL: %q", noTTL)
+	}
+	deadline := done.Add(20 * time.Second)
+	for {
+		left := semKeys()
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("keys left %s after the run: %q", time.Since(done).Round(time.Second), left)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("no semaphore key left %s after the run", time.Since(done).Round(100*time.Millisecond))
+	f.checkPeaks(ctx, 3, map[string]int{"t00": 1, "t19": 1})
+	f.noneArchived()
+}
