@@ -9,8 +9,14 @@
 //
 // Counters (all under the prefix's hash tag):
 //
-//	{P}:inflight, {P}:max            probes running now, and the most at once
-//	{P}:inflight:<tenant>, {P}:tmax  the same per tenant (tmax is a hash)
+//	{P}:running, {P}:max             probes running now (a sorted set of task
+//	                                 IDs), and the most at once
+//	{P}:running:<tenant>, {P}:tmax   the same per tenant (tmax is a hash)
+//
+// A running entry is scored with when its probe would end plus ghostGrace,
+// and entries past their score are dropped before counting: a probe of a
+// killed process (SIGKILL) never counts itself out, and must not count as
+// running for the rest of the test.
 //	{P}:first, {P}:last              Unix ms of the first start and last end
 //	{P}:done                         a set of finished task IDs
 //	{P}:runs                         how many runs finished (duplicates count)
@@ -93,16 +99,29 @@ type counter struct {
 	p   string
 }
 
-// startScript counts a probe in: first start, in-flight counts and their
+// ghostGrace is how long past its intended end a probe still counts as
+// running if it never counted itself out (its process was killed). Short
+// of the shortest lease the tests use (2 s), so that a killed probe is no
+// longer counted when its seat lapses and another probe takes it.
+const ghostGrace = time.Second
+
+// startScript counts a probe in: first start, the running probes and their
 // peaks (overall, and per tenant when ARGV[2] is set). One round trip, so
 // that counting adds little to the time a seat is held.
+// ARGV: now ms, tenant, task ID, until ms (when it stops counting if it
+// never counts out).
 var startScript = redis.NewScript(`
 redis.call('SETNX', KEYS[1] .. 'first', ARGV[1])
-local n = redis.call('INCR', KEYS[1] .. 'inflight')
+local function count(set)
+  redis.call('ZREMRANGEBYSCORE', set, '-inf', '(' .. ARGV[1])
+  redis.call('ZADD', set, ARGV[4], ARGV[3])
+  return redis.call('ZCARD', set)
+end
+local n = count(KEYS[1] .. 'running')
 local m = tonumber(redis.call('GET', KEYS[1] .. 'max') or '0')
 if n > m then redis.call('SET', KEYS[1] .. 'max', n) end
 if ARGV[2] ~= '' then
-  local tn = redis.call('INCR', KEYS[1] .. 'inflight:' .. ARGV[2])
+  local tn = count(KEYS[1] .. 'running:' .. ARGV[2])
   local tm = tonumber(redis.call('HGET', KEYS[1] .. 'tmax', ARGV[2]) or '0')
   if tn > tm then redis.call('HSET', KEYS[1] .. 'tmax', ARGV[2], tn) end
 end
@@ -111,8 +130,8 @@ return n`)
 // endScript counts a probe out; ARGV[3] = 1 when it finished (not
 // cancelled).
 var endScript = redis.NewScript(`
-redis.call('DECR', KEYS[1] .. 'inflight')
-if ARGV[2] ~= '' then redis.call('DECR', KEYS[1] .. 'inflight:' .. ARGV[2]) end
+redis.call('ZREM', KEYS[1] .. 'running', ARGV[4])
+if ARGV[2] ~= '' then redis.call('ZREM', KEYS[1] .. 'running:' .. ARGV[2], ARGV[4]) end
 if ARGV[3] == '1' then
   redis.call('SET', KEYS[1] .. 'last', ARGV[1])
   redis.call('SADD', KEYS[1] .. 'done', ARGV[4])
@@ -128,7 +147,9 @@ func (c *counter) handle(ctx context.Context, t *asynq.Task) error {
 	id, _ := asynq.GetTaskID(ctx)
 	bg := context.WithoutCancel(ctx)
 	keys := []string{c.p}
-	if err := startScript.Run(bg, c.rdb, keys, time.Now().UnixMilli(), p.Tenant).Err(); err != nil {
+	now := time.Now()
+	until := now.Add(time.Duration(p.MS)*time.Millisecond + ghostGrace).UnixMilli()
+	if err := startScript.Run(bg, c.rdb, keys, now.UnixMilli(), p.Tenant, id, until).Err(); err != nil {
 		return err
 	}
 	var runErr error
