@@ -1,9 +1,9 @@
 // Command probeworker is a fleetcap worker for the fleet tests and the
 // benchmarks: it serves the task type "probe", and every other task type its
 // config declares (such as "probe2" with caps of its own), with the probe
-// handler under the caps of its config, and counts in Redis, independently of the semaphore, how many
-// probes run at once (overall and per tenant), when the first started and
-// the last ended, and which finished.
+// handler under the caps of its config, and counts in Redis, independently
+// of the semaphore, how many probes run at once (overall and per tenant),
+// when the first started and the last ended, and which finished.
 //
 //	probeworker --config fleet.yaml [--counters redis://127.0.0.1:6379] [--prefix probe]
 //
@@ -12,14 +12,14 @@
 //	{P}:running, {P}:max             probes running now (a sorted set of task
 //	                                 IDs), and the most at once
 //	{P}:running:<tenant>, {P}:tmax   the same per tenant (tmax is a hash)
+//	{P}:first, {P}:last              Unix ms of the first start and last end
+//	{P}:done                         a set of finished task IDs
+//	{P}:runs                         how many runs finished (duplicates count)
 //
 // A running entry is scored with when its probe would end plus ghostGrace,
 // and entries past their score are dropped before counting: a probe of a
 // killed process (SIGKILL) never counts itself out, and must not count as
 // running for the rest of the test.
-//	{P}:first, {P}:last              Unix ms of the first start and last end
-//	{P}:done                         a set of finished task IDs
-//	{P}:runs                         how many runs finished (duplicates count)
 package main
 
 import (
