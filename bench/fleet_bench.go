@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,14 +19,15 @@ import (
 
 // fleetRun is one run of probe workers on the bench Redis.
 type fleetRun struct {
-	env       *benchEnv
-	queue     string
-	procs     []*fleettest.Proc
-	counters  *fleettest.Counters
-	countRDB  *redis.Client
-	mainRDB   *redis.Client
-	client    *asynq.Client
-	cmdsStart int64
+	env        *benchEnv
+	queue      string
+	procs      []*fleettest.Proc
+	counters   *fleettest.Counters
+	countRDB   *redis.Client
+	mainRDB    *redis.Client
+	client     *asynq.Client
+	cmdsStart  int64
+	statsStart map[string]int64 // with BENCH_CMDSTATS
 }
 
 // probeBinary builds the probe worker once per bench run.
@@ -40,6 +43,12 @@ var probeBinary = sync.OnceValues(func() (string, error) {
 // capYAML, on a queue of their own; counters live in a Redis of their own so
 // that they do not count as the fleet's Redis commands.
 func startFleet(ctx context.Context, env *benchEnv, name string, procs, concurrency int, capYAML string) (*fleetRun, error) {
+	return startFleetWith(ctx, env, name, procs, concurrency, capYAML, "")
+}
+
+// startFleetWith is startFleet with more top-level config sections
+// (extraYAML, such as a semaphore section).
+func startFleetWith(ctx context.Context, env *benchEnv, name string, procs, concurrency int, capYAML, extraYAML string) (*fleetRun, error) {
 	bin, err := probeBinary()
 	if err != nil {
 		return nil, err
@@ -49,7 +58,7 @@ func startFleet(ctx context.Context, env *benchEnv, name string, procs, concurre
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := fleettest.WriteConfig(dir, fleettest.ConfigOn("redis://"+env.addr, queue, concurrency, capYAML))
+	cfg, err := fleettest.WriteConfig(dir, fleettest.ConfigOn("redis://"+env.addr, queue, concurrency, capYAML)+extraYAML)
 	if err != nil {
 		return nil, err
 	}
@@ -101,11 +110,30 @@ func (r *fleetRun) enqueue(ctx context.Context, n int, payload func(i int) map[s
 func (r *fleetRun) markCommands(ctx context.Context) error {
 	n, err := commandCount(ctx, r.mainRDB)
 	r.cmdsStart = n
+	if err == nil && os.Getenv("BENCH_CMDSTATS") != "" {
+		r.statsStart, err = commandStats(ctx, r.mainRDB)
+	}
 	return err
 }
 
+// commandsSinceMark is the commands the fleet's Redis ran since
+// markCommands. With BENCH_CMDSTATS set it also prints them by command to
+// stderr.
 func (r *fleetRun) commandsSinceMark(ctx context.Context) (int64, error) {
 	n, err := commandCount(ctx, r.mainRDB)
+	if err == nil && r.statsStart != nil {
+		var now map[string]int64
+		if now, err = commandStats(ctx, r.mainRDB); err == nil {
+			var lines []string
+			for name, calls := range now {
+				if d := calls - r.statsStart[name]; d > 0 {
+					lines = append(lines, fmt.Sprintf("%8d %s", d, name))
+				}
+			}
+			slices.Sort(lines)
+			fmt.Fprintf(os.Stderr, "%s commands:\n%s\n", r.queue, strings.Join(lines, "\n"))
+		}
+	}
 	return n - r.cmdsStart - 1, err
 }
 

@@ -59,12 +59,14 @@ var scenarios = map[string]scenario{
 	"S2": runS2,
 	"S3": runS3,
 	"S4": runS4,
+	"S5": runS5,
+	"S6": runS6,
 }
 
 func run(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	addr := fs.String("redis", os.Getenv("REDIS_ADDR"), "Redis host:port; empty starts a private redis-server")
-	list := fs.String("scenarios", "S1,S2,S3,S4", "comma-separated scenarios to run")
+	list := fs.String("scenarios", "S1,S2,S3,S4,S5,S6", "comma-separated scenarios to run")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -118,4 +120,28 @@ func commandCount(ctx context.Context, rdb *redis.Client) (int64, error) {
 		total += n
 	}
 	return total, nil
+}
+
+// commandStats is the calls per command in INFO commandstats.
+func commandStats(ctx context.Context, rdb *redis.Client) (map[string]int64, error) {
+	info, err := rdb.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+		if !ok {
+			continue
+		}
+		if j := strings.IndexByte(rest, ','); j >= 0 {
+			rest = rest[:j]
+		}
+		n, err := strconv.ParseInt(rest, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("commandstats: %q: %w", line, err)
+		}
+		out[strings.TrimPrefix(name, "cmdstat_")] = n
+	}
+	return out, nil
 }

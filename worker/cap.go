@@ -108,6 +108,30 @@ func newCapTable(cfg *Config) (*capTable, error) {
 	return t, nil
 }
 
+// templateOf returns the template that renders key, or key itself when it
+// is a declared plain key or no template renders it. Plain keys win, then
+// templates in key order.
+func (t *capTable) templateOf(key string) string {
+	var tmpls []string
+	for _, specs := range t.byType {
+		for _, s := range specs {
+			if !s.tmpl.IsTemplate() {
+				if s.Key == key {
+					return key
+				}
+				continue
+			}
+			if s.tmpl.matches(key) {
+				tmpls = append(tmpls, s.Key)
+			}
+		}
+	}
+	if len(tmpls) == 0 {
+		return key
+	}
+	return slices.Min(tmpls)
+}
+
 func (t *capTable) types() []string {
 	var out []string
 	for typ := range t.byType {
@@ -419,6 +443,11 @@ func (w *Worker) release(ctx context.Context, key string, p *semaphore.Permit) {
 
 // runHolding runs h while the task holds its seats, and releases them.
 func (w *Worker) runHolding(ctx context.Context, taskType string, t *asynq.Task, h asynq.Handler, held []heldSeat) error {
+	for _, hs := range held {
+		if hs.spec.tmpl.IsTemplate() {
+			w.recent.hold(hs.key, hs.spec.Key, hs.capacity, 1) // listed for monitoring while held
+		}
+	}
 	hctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	stop := make(chan struct{})
@@ -454,6 +483,9 @@ func (w *Worker) runHolding(ctx context.Context, taskType string, t *asynq.Task,
 	watchers.Wait()
 	for _, hs := range held {
 		w.release(ctx, hs.key, hs.permit)
+		if hs.spec.tmpl.IsTemplate() {
+			w.recent.hold(hs.key, hs.spec.Key, hs.capacity, -1)
+		}
 	}
 	lostMu.Lock()
 	lost := lostKey

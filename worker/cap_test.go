@@ -105,3 +105,69 @@ func TestAttemptOrder(t *testing.T) {
 		t.Errorf("%d full hints kept, want at most %d", n, fullHintMax)
 	}
 }
+
+// TestDeclaredKeysBounded: with thousands of tenants, DeclaredKeys lists
+// the plain keys and templates, every rendered key this process holds a
+// seat of (however old), and only the most recent others; KeyLabel maps
+// any rendered key to its template, remembered or not.
+func TestDeclaredKeysBounded(t *testing.T) {
+	w, specs := capTableFor(t, `
+tasks:
+  a:
+    semaphores:
+      - {key: global, capacity: 50}
+      - {key: "tenant:{tenant_id}", capacity: 2}
+`)
+	render := func(tenant string) []seat {
+		seats, err := w.seatsFor(specs, asynq.NewTask("a", []byte(`{"tenant_id":"`+tenant+`"}`)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return seats
+	}
+	render("held-long")
+	w.recent.hold("tenant:held-long", "tenant:{tenant_id}", 2, 1)
+	for i := range recentMax + 5000 { // more tenants than recentMax
+		render("t" + strconv.Itoa(i))
+	}
+	w.recent.hold("tenant:held-new", "tenant:{tenant_id}", 2, 1) // held, not rendered here
+	for i := range 5000 {
+		render("t" + strconv.Itoa(i))
+	}
+	keys := w.DeclaredKeys()
+	if n := len(keys); n > 2+2+recentListMax {
+		t.Fatalf("DeclaredKeys lists %d keys, want at most %d", n, 2+2+recentListMax)
+	}
+	if n := len(w.recent.keys); n > recentMax+2 {
+		t.Errorf("%d rendered keys remembered, want at most %d and the held ones", n, recentMax)
+	}
+	has := map[string]string{}
+	for _, k := range keys {
+		has[k.Key] = k.Template
+	}
+	for key, tmpl := range map[string]string{
+		"global": "", "tenant:{tenant_id}": "tenant:{tenant_id}",
+		"tenant:held-long": "tenant:{tenant_id}", "tenant:held-new": "tenant:{tenant_id}",
+		"tenant:t4999": "tenant:{tenant_id}",
+	} {
+		if got, ok := has[key]; !ok || got != tmpl {
+			t.Errorf("DeclaredKeys: %q listed %t with template %q, want template %q", key, ok, got, tmpl)
+		}
+	}
+	if _, ok := has["tenant:t0"]; ok {
+		t.Error("DeclaredKeys lists tenant:t0, one of the oldest of 5000 idle keys")
+	}
+	w.recent.hold("tenant:held-long", "tenant:{tenant_id}", 2, -1)
+	w.recent.hold("tenant:held-new", "tenant:{tenant_id}", 2, -1)
+	if len(w.recent.held) != 0 {
+		t.Errorf("held keys after release: %v", w.recent.held)
+	}
+	for key, want := range map[string]string{
+		"tenant:t17": "tenant:{tenant_id}", "tenant:never-seen": "tenant:{tenant_id}",
+		"global": "global", "other": "other",
+	} {
+		if got := w.KeyLabel(key); got != want {
+			t.Errorf("KeyLabel(%q) = %q, want %q", key, got, want)
+		}
+	}
+}

@@ -41,7 +41,7 @@ type WorkerConfig struct {
 	// shutdown signal; default 8s.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 	// TaskCheckInterval is how long an idle process waits before it looks
-	// for new tasks again (asynq polls); default 100ms. Lower wakes parked
+	// for new tasks again (asynq polls); default 20ms. Lower wakes parked
 	// capped tasks sooner, higher costs Redis less while idle.
 	TaskCheckInterval time.Duration `yaml:"task_check_interval"`
 	// DelayedTaskCheckInterval is how often scheduled and retried tasks are
@@ -152,7 +152,7 @@ const (
 	DefaultTaskTimeout     = 30 * time.Minute
 	DefaultWaitTimeout     = 10 * time.Second
 
-	DefaultTaskCheckInterval        = 100 * time.Millisecond
+	DefaultTaskCheckInterval        = 20 * time.Millisecond
 	DefaultDelayedTaskCheckInterval = time.Second
 )
 

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode"
 )
 
@@ -24,6 +25,9 @@ const MaxRenderedKeyLen = 1024
 type KeyTemplate struct {
 	raw   string
 	parts []keyPart
+
+	reOnce sync.Once
+	re     *regexp.Regexp // what matches compiles
 }
 
 // keyPart is a literal run of text or, when path is set, a payload field.
@@ -239,16 +243,18 @@ func (k *KeyTemplate) shape() string {
 
 // matches reports whether rendered is a key this template can render.
 func (k *KeyTemplate) matches(rendered string) bool {
-	var expr strings.Builder
-	expr.WriteString(`^(?s)`)
-	for _, p := range k.parts {
-		if p.path == nil {
-			expr.WriteString(regexp.QuoteMeta(p.literal))
-		} else {
-			expr.WriteString(`.+`)
+	k.reOnce.Do(func() {
+		var expr strings.Builder
+		expr.WriteString(`^(?s)`)
+		for _, p := range k.parts {
+			if p.path == nil {
+				expr.WriteString(regexp.QuoteMeta(p.literal))
+			} else {
+				expr.WriteString(`.+`)
+			}
 		}
-	}
-	expr.WriteString(`$`)
-	re, err := regexp.Compile(expr.String())
-	return err == nil && re.MatchString(rendered)
+		expr.WriteString(`$`)
+		k.re, _ = regexp.Compile(expr.String())
+	})
+	return k.re != nil && k.re.MatchString(rendered)
 }
