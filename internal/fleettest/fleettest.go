@@ -203,12 +203,8 @@ func (c *Counters) Runs(ctx context.Context) (int, error) { return c.int(ctx, "r
 // MaxInflight is the most probes that ran at once.
 func (c *Counters) MaxInflight(ctx context.Context) (int, error) { return c.int(ctx, "max") }
 
-// Inflight is how many probes run now (a probe of a killed process stops
-// counting a second after it would have ended).
-func (c *Counters) Inflight(ctx context.Context) (int, error) {
-	n, err := c.rdb.ZCount(ctx, c.p+"running", strconv.FormatInt(time.Now().UnixMilli(), 10), "+inf").Result()
-	return int(n), err
-}
+// Inflight is how many probes run now.
+func (c *Counters) Inflight(ctx context.Context) (int, error) { return c.int(ctx, "inflight") }
 
 // MaxInflightPerTenant is the most probes of each tenant that ran at once.
 func (c *Counters) MaxInflightPerTenant(ctx context.Context) (map[string]int, error) {
