@@ -138,6 +138,8 @@ type attemptResult struct {
 	earliest  time.Time // soonest lease expiry when not granted; zero if none
 	other     int64     // ticket of the first other entry in line, 0 if none
 	nowMicros int64
+	free      int64     // seats free after the call
+	token     string    // first parked token, when a held seat was handed over
 	sent      time.Time // local time the call was sent
 }
 
@@ -150,18 +152,21 @@ func (s *Service) attempt(req request, entry, ticket, next, release string) (att
 	k := req.k
 	args := []any{res.member, req.cfg.ttl.Milliseconds(), req.capacity,
 		entry, lineEntryTTL.Milliseconds(), s.wakePrefix(), req.key, ticket, next, release}
+	if release != "" {
+		args = append(args, s.wakeFlag())
+	}
 	for len(args) > 7 && args[len(args)-1] == "" {
 		args = args[:len(args)-1] // the script reads absent optional arguments as ''
 	}
-	vals, err := s.batch.of(k.holders).run(acquireScript, []string{k.holders, k.queue, k.qexp}, args...).Slice()
+	vals, err := s.batch.of(k.holders).run(acquireScript, []string{k.holders, k.queue, k.qexp, k.parked}, args...).Slice()
 	if err != nil {
 		return res, err
 	}
-	var nums [7]int64
-	if len(vals) != len(nums) {
+	var nums [8]int64
+	if len(vals) != len(nums)+1 {
 		return res, fmt.Errorf("semaphore: acquire script replied %d values", len(vals))
 	}
-	for i, v := range vals {
+	for i, v := range vals[:len(nums)] {
 		if nums[i], err = replyInt(v); err != nil {
 			return res, fmt.Errorf("semaphore: acquire script reply %d: %w", i, err)
 		}
@@ -174,6 +179,8 @@ func (s *Service) attempt(req request, entry, ticket, next, release string) (att
 	}
 	res.other = nums[4]
 	res.nowMicros = nums[5]*1e6 + nums[6]
+	res.free = nums[7]
+	res.token, _ = vals[8].(string)
 	s.clock.observe(res.nowMicros, res.sent, time.Now())
 	return res, nil
 }

@@ -35,6 +35,7 @@ const (
 	lineEntryTTL = 3 * time.Second
 	backoffBase  = 20 * time.Millisecond
 	backoffMax   = time.Second // keeps entries refreshed well within lineEntryTTL
+	afterGrant   = 250 * time.Millisecond
 )
 
 // waiter is one Acquire call waiting in a local line.
@@ -248,8 +249,12 @@ func (l *line) run() {
 		case err != nil:
 			s.log.Warn("semaphore: acquire attempt failed", "key", l.key, "err", err)
 			l.failAll(ReasonError, err)
+		case res.granted && res.free > 0:
+			delay = 0 // more seats free: serve the next waiter now
 		case res.granted:
-			delay = 0
+			// The line is full again: the next release wakes us by
+			// message; the delay is only the safety net.
+			delay = afterGrant
 		default:
 			delay = l.nextDelay(delay, res)
 			l.failExhausted()
@@ -403,6 +408,7 @@ func (s *Service) handOver(p *Permit) (held, handed bool, err error) {
 	if err != nil {
 		return false, false, err
 	}
+	s.woke(p.key, res.token)
 	return res.released == 1, true, nil
 }
 
@@ -461,8 +467,8 @@ func (s *Service) handOverLocally(p *Permit) (held, handed bool, err error) {
 	// it runs while this goroutine waits for the reply.
 	k := p.k
 	sent := time.Now()
-	call := &evalCall{script: handoffScript, keys: []string{k.holders, k.queue, k.qexp},
-		args: []any{p.member, q.member, q.ttl.Milliseconds(), s.id, next, lineEntryTTL.Milliseconds()}}
+	call := &evalCall{script: handoffScript, keys: []string{k.holders, k.queue, k.qexp, k.parked},
+		args: []any{p.member, q.member, q.ttl.Milliseconds(), s.id, next, lineEntryTTL.Milliseconds(), s.wakeFlag()}}
 	s.batch.of(k.holders).submit(call)
 	s.localHandOvers.Add(1)
 	head.handed = true
@@ -475,7 +481,7 @@ func (s *Service) handOverLocally(p *Permit) (held, handed bool, err error) {
 	<-call.done
 	vals, err := call.cmd.Slice()
 	var nums [4]int64
-	if err == nil && len(vals) != len(nums) {
+	if err == nil && len(vals) != len(nums)+1 {
 		err = fmt.Errorf("semaphore: hand-over script replied %d values", len(vals))
 	}
 	for i := 0; err == nil && i < len(nums); i++ {
@@ -491,6 +497,8 @@ func (s *Service) handOverLocally(p *Permit) (held, handed bool, err error) {
 	}
 	l.noteOther(nums[2])
 	s.clock.observe(nums[3], sent, time.Now())
+	token, _ := vals[4].(string)
+	s.woke(p.key, token)
 	q.handOverDone(nums[0] == 1, time.UnixMilli(nums[1]))
 	return nums[0] == 1, true, nil
 }

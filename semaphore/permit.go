@@ -209,8 +209,20 @@ func (s *Service) release(ctx context.Context, p *Permit) (bool, error) {
 	}
 	// One call frees the seat, decides "held" by the store's clock, and
 	// wakes the waiters first in line.
-	n, err := s.batch.of(p.k.holders).run(releaseScript, []string{p.k.holders, p.k.queue}, p.member, p.capacity, s.wakePrefix(), p.key).Int()
-	return n == 1, err
+	vals, err := s.batch.of(p.k.holders).run(releaseScript, []string{p.k.holders, p.k.queue, p.k.parked}, p.member, p.capacity, s.wakePrefix(), p.key, s.wakeFlag()).Slice()
+	if err != nil {
+		return false, err
+	}
+	if len(vals) != 2 {
+		return false, fmt.Errorf("semaphore: release script replied %d values", len(vals))
+	}
+	n, err := replyInt(vals[0])
+	if err != nil {
+		return false, err
+	}
+	token, _ := vals[1].(string)
+	s.woke(p.key, token)
+	return n == 1, nil
 }
 
 // Extend pushes the lease expiry to now + ttl (server time). It returns an

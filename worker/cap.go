@@ -275,7 +275,7 @@ func (w *Worker) noRetryLeft(ctx context.Context) bool {
 func (w *Worker) parkTask(ctx context.Context, rq *requeueRequest) (bool, error) {
 	queue, _ := asynq.GetQueueName(ctx)
 	taskID, _ := asynq.GetTaskID(ctx)
-	parked, err := w.parking.park(ctx, rq.key, rq.seen, queue, taskID)
+	parked, err := w.parking.park(ctx, rq.key, rq.capacity, queue, taskID)
 	if err != nil {
 		w.log.Warn("worker: park a task (it comes back after its delay)", "key", rq.key, "id", taskID, "err", err)
 	}
@@ -284,11 +284,11 @@ func (w *Worker) parkTask(ctx context.Context, rq *requeueRequest) (bool, error)
 
 // requeueRequest says why and how a task goes back without a seat.
 type requeueRequest struct {
-	key  string
-	why  string
-	park bool   // wake it when a seat of key frees
-	seen string // key's release count read before the last try (see parking)
-	err  error
+	key      string
+	why      string
+	park     bool // wake it when a seat of key frees
+	capacity int  // the semaphore's, for parking
+	err      error
 }
 
 // takeSeats takes a seat of every cap: those this process found full lately
@@ -308,7 +308,6 @@ func (w *Worker) takeSeats(ctx context.Context, t *asynq.Task, seats []seat) ([]
 	}
 	var waitDeadline time.Time
 	waited := false
-	seen := map[string]string{} // release counts read, per full key
 	for {
 		full := -1
 		for _, i := range w.caps.attemptOrder(seats) {
@@ -369,22 +368,11 @@ func (w *Worker) takeSeats(ctx context.Context, t *asynq.Task, seats []seat) ([]
 			waited = true
 			continue // one more look, then park
 		}
-		count, ok := seen[s.key]
-		if !ok {
-			// Read the release count, then look once more: a release
-			// between the failed try and parking is not missed.
-			count, err := w.parking.releases(ctx, s.key)
-			if err != nil {
-				return nil, &requeueRequest{key: s.key, why: "error", err: err}
-			}
-			seen[s.key] = count
-			continue
-		}
 		why := "full"
 		if waited {
 			why = "timeout"
 		}
-		return nil, &requeueRequest{key: s.key, why: why, park: true, seen: count}
+		return nil, &requeueRequest{key: s.key, why: why, park: true, capacity: s.capacity}
 	}
 }
 
@@ -438,7 +426,6 @@ func (w *Worker) release(ctx context.Context, key string, p *semaphore.Permit) {
 	case err != nil:
 		w.log.Warn("worker: release a seat (it lapses with its lease)", "key", key, "err", err)
 	}
-	go w.parking.wake(key)
 }
 
 // runHolding runs h while the task holds its seats, and releases them.
@@ -545,7 +532,7 @@ func (w *Worker) requeueCopy(ctx context.Context, taskType string, t *asynq.Task
 		return fmt.Errorf("fleetcap: no seat of %q and no retry left, and enqueueing a copy failed: %w", rq.key, err)
 	}
 	if rq.park {
-		parked, err := w.parking.park(ctx, rq.key, rq.seen, queue, info.ID)
+		parked, err := w.parking.park(ctx, rq.key, rq.capacity, queue, info.ID)
 		switch {
 		case err != nil:
 			w.log.Warn("worker: park a task (it comes back after its delay)", "key", rq.key, "id", info.ID, "err", err)

@@ -2,86 +2,61 @@ package worker
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetcap/fleetcap/semaphore"
 )
 
-// parking keeps, per semaphore key, the line of tasks that went back to
-// asynq for want of a seat, so that a release wakes one at once
-// (Inspector.RunTask moves it from retry to pending) instead of leaving it to
-// asynq's forwarder. A release count guards the gap between a failed try and
-// parking: a task parks only if no seat was released since it looked, so no
-// wake-up is lost. Both keys share the semaphore's hash tag.
+// parking wakes tasks that went back to asynq for want of a seat. Such a
+// task is parked on its semaphore (semaphore.Service.Park) with the token
+// "queue\x00id", unless a seat is free by then (it tries again instead).
+// Every release of a seat, by any worker, takes the first token; onWake
+// moves that task from the retry set to its queue at once
+// (Inspector.RunTask) instead of leaving it to asynq's forwarder. The
+// retry delay (parkDelay) is only the safety net, for seats that free
+// without a release (an expired lease, a force-release).
 type parking struct {
-	rdb    redis.UniversalClient
-	insp   *asynq.Inspector
-	prefix string
-	log    *slog.Logger
+	sem  *semaphore.Service
+	insp *asynq.Inspector
+	log  *slog.Logger
 }
 
-//go:embed lua/park.lua
-var parkSrc string
-
-//go:embed lua/wake.lua
-var wakeSrc string
-
-var (
-	parkScript = redis.NewScript(parkSrc)
-	wakeScript = redis.NewScript(wakeSrc)
-)
-
-// parkedTTL bounds how long the parked line and release count of an idle
-// key live: past parkDelay every parked task came back by itself.
+// parkedTTL bounds how long the parked line of an idle key lives: past
+// parkDelay every parked task came back by itself.
 const parkedTTL = 3 * parkDelay
 
-func (p *parking) keys(key string) []string {
-	base := p.prefix + "{" + key + "}:"
-	return []string{base + "parked", base + "released"}
-}
-
-// releases reads key's release count, to pass to park.
-func (p *parking) releases(ctx context.Context, key string) (string, error) {
-	n, err := p.rdb.Get(ctx, p.keys(key)[1]).Result()
-	if errors.Is(err, redis.Nil) {
-		return "", nil
-	}
-	return n, err
-}
-
-// park puts a task at the end of key's parked line, unless a seat of key was
-// released since the count seen was read: then it reports false.
-func (p *parking) park(ctx context.Context, key, seen, queue, taskID string) (bool, error) {
+// park parks a task on key; false when a seat is free now.
+func (p *parking) park(ctx context.Context, key string, capacity int, queue, taskID string) (bool, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	n, err := parkScript.Run(ctx, p.rdb, p.keys(key), seen, queue+"\x00"+taskID, parkedTTL.Milliseconds()).Int()
-	return n == 1, err
+	return p.sem.Park(ctx, key, capacity, queue+"\x00"+taskID, parkedTTL)
 }
 
-// wake counts a release of key and moves the first task still parked on it
-// back to its queue. Entries whose task is gone or already pending (brought
-// back by the safety-net delay) are skipped.
-func (p *parking) wake(key string) {
+// onWake brings the task of a token back to its queue. When the token is
+// stale (its task came back by itself meanwhile) it wakes the next one, so
+// that the release is not wasted.
+func (p *parking) onWake(key, token string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for range 16 {
-		entry, err := wakeScript.Run(ctx, p.rdb, p.keys(key), parkedTTL.Milliseconds()).Text()
-		if errors.Is(err, redis.Nil) {
+		queue, id, ok := strings.Cut(token, "\x00")
+		if ok && p.run(ctx, queue, id) {
 			return
 		}
+		next, err := p.sem.Unpark(ctx, key)
 		if err != nil {
 			p.log.Warn("worker: wake a parked task (it comes back by itself)", "key", key, "err", err)
 			return
 		}
-		queue, id, ok := strings.Cut(entry, "\x00")
-		if ok && p.run(ctx, queue, id) {
+		if next == "" {
 			return
 		}
+		token = next
 	}
 }
 

@@ -134,7 +134,9 @@ func (w *Worker) connect() error {
 	if w.opts.observer != nil {
 		obs = w.opts.observer
 	}
+	w.parking = &parking{log: w.log}
 	w.sem, err = semaphore.New(w.rdb, semaphore.Options{
+		OnWake:         w.parking.onWake,
 		Prefix:         w.cfg.Semaphore.Prefix,
 		DefaultTTL:     w.cfg.Semaphore.DefaultTTL,
 		Logger:         w.log,
@@ -146,7 +148,7 @@ func (w *Worker) connect() error {
 	}
 	w.insp = asynq.NewInspector(w.connOpt)
 	w.client = asynq.NewClient(w.connOpt)
-	w.parking = &parking{rdb: w.rdb, insp: w.insp, prefix: w.cfg.Semaphore.Prefix, log: w.log}
+	w.parking.sem, w.parking.insp = w.sem, w.insp
 	return nil
 }
 

@@ -27,6 +27,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -60,7 +61,18 @@ func run(ctx context.Context) error {
 	configPath := flag.String("config", "config.yaml", "config file")
 	counters := flag.String("counters", "", "redis:// URL of the counters' Redis; default the worker's")
 	prefix := flag.String("prefix", "probe", "counter key prefix")
+	cpuProfile := flag.String("cpuprofile", os.Getenv("PROBE_CPUPROFILE"), "write a CPU profile here (for the benchmarks)")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(fmt.Sprintf("%s.%d", *cpuProfile, os.Getpid()))
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	cfg, err := worker.LoadConfig(*configPath)
 	if err != nil {
 		return err

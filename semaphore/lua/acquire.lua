@@ -5,6 +5,8 @@
 --                  permit id, or the permit id, "\n" and the holder label
 -- KEYS[2] queue    ZSET waiter entry -> ticket (arrival, server µs)
 -- KEYS[3] qexp     ZSET waiter entry -> entry expiry (server ms)
+-- KEYS[4] parked   LIST of tokens (see park.lua): a hand-over releases a
+--                  seat, so it takes the first
 -- ARGV[1] member to grant
 -- ARGV[2] lease TTL, ms
 -- ARGV[3] capacity
@@ -15,6 +17,7 @@
 -- ARGV[8] the waiter's ticket ('' or absent for now)
 -- ARGV[9] after a grant: ''/absent drops the entry, a ticket re-queues it
 -- ARGV[10] member to release first (''/absent for none): a hand-over
+-- ARGV[11] '1' to take a parked token when ARGV[10]'s seat was held
 --
 -- Tickets are integers of 16 digits: they travel as strings, because Lua
 -- would print such a number with 14 significant digits.
@@ -26,7 +29,9 @@
 -- Reply: {granted 1|0, now ms, released 1 held|0 lost|-1 none, earliest
 --         lease expiry ms (0 if none or granted), first ticket of another
 --         entry in line ('' if none), now: seconds, now: microseconds
---         within the second (TIME's own two strings, unformatted)}
+--         within the second (TIME's own two strings, unformatted), seats
+--         free after the call, the first parked token when a held seat was
+--         released ('' if none)}
 
 local holders, queue, qexp = KEYS[1], KEYS[2], KEYS[3]
 local ttl = tonumber(ARGV[2])
@@ -138,4 +143,6 @@ if granted == 0 then
   local e = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
   if #e > 0 then earliest = tonumber(e[2]) end
 end
-return {granted, now, released, earliest, other, t[1], t[2]}
+local token = ''
+if released == 1 and ARGV[11] == '1' then token = redis.call('LPOP', KEYS[4]) or '' end
+return {granted, now, released, earliest, other, t[1], t[2], free, token}

@@ -5,6 +5,8 @@
 -- KEYS[1] holders  ZSET member -> lease expiry (server ms)
 -- KEYS[2] queue    ZSET waiter entry -> ticket (arrival, server µs)
 -- KEYS[3] qexp     ZSET waiter entry -> entry expiry (server ms)
+-- KEYS[4] parked   LIST of tokens (see park.lua): a moved seat is a release
+--                  too, so it takes the first
 -- ARGV[1] member giving the seat up
 -- ARGV[2] member taking it
 -- ARGV[3] the new lease's TTL, ms
@@ -12,9 +14,11 @@
 -- ARGV[5] the ticket of its next local waiter ('' if none): the entry, if
 --         queued, is re-stamped with it and refreshed
 -- ARGV[6] queue entry TTL, ms
+-- ARGV[7] '1' to take a parked token
 --
 -- Reply: {1 moved | 0 the seat was already lost (nothing moved), now ms,
---         first ticket of another entry in line ('' if none), now µs}
+--         first ticket of another entry in line ('' if none), now µs,
+--         the first parked token when moved ('' if none)}
 
 local holders, queue, qexp = KEYS[1], KEYS[2], KEYS[3]
 local ttl = tonumber(ARGV[3])
@@ -47,4 +51,6 @@ if ARGV[5] ~= '' and #first > 0 then
   redis.call('ZADD', queue, 'XX', ARGV[5], ARGV[4])
   redis.call('ZADD', qexp, 'XX', now + tonumber(ARGV[6]), ARGV[4])
 end
-return {moved, now, other, nowus}
+local token = ''
+if moved == 1 and ARGV[7] == '1' then token = redis.call('LPOP', KEYS[4]) or '' end
+return {moved, now, other, nowus, token}

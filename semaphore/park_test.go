@@ -1,0 +1,93 @@
+package semaphore_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/semaphore"
+)
+
+// TestParkAndWake: a token parks only while the semaphore is full, and the
+// next release, by any Service, hands it to that Service's OnWake.
+func TestParkAndWake(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	woken := make(chan string, 4)
+	releaser := newService(t, srv.Client(), func(o *semaphore.Options) {
+		o.OnWake = func(key, token string) { woken <- key + "/" + token }
+	})
+	parker := newService(t, srv.Client())
+	key := uniqueKey(t)
+
+	if parked, err := parker.Park(ctx, key, 1, "early", time.Minute); err != nil || parked {
+		t.Fatalf("Park on a free semaphore = %v, %v; want false: take the seat instead", parked, err)
+	}
+	p := mustAcquire(t, releaser, key, 1)
+	for _, token := range []string{"first", "second"} {
+		if parked, err := parker.Park(ctx, key, 1, token, time.Minute); err != nil || !parked {
+			t.Fatalf("Park %s on a full semaphore = %v, %v", token, parked, err)
+		}
+	}
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-woken:
+		if got != key+"/first" {
+			t.Fatalf("woke %q, want the first token", got)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no token handed to OnWake after a release")
+	}
+	if token, err := parker.Unpark(ctx, key); err != nil || token != "second" {
+		t.Fatalf("Unpark = %q, %v; want second", token, err)
+	}
+	if token, err := parker.Unpark(ctx, key); err != nil || token != "" {
+		t.Fatalf("Unpark of an empty line = %q, %v", token, err)
+	}
+	if _, err := parker.Park(ctx, key, 1, "", time.Minute); err == nil {
+		t.Fatal("Park with an empty token accepted")
+	}
+}
+
+// TestHandOverWakesParked: a seat handed to a local waiter is a release
+// too: it wakes a parked token, to refill the waiters.
+func TestHandOverWakesParked(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	woken := make(chan string, 4)
+	s := newService(t, srv.Client(), func(o *semaphore.Options) {
+		o.OnWake = func(key, token string) { woken <- token }
+	})
+	key := uniqueKey(t)
+	p := mustAcquire(t, s, key, 1)
+	got := make(chan *semaphore.Permit, 1)
+	go func() {
+		q, err := s.Acquire(ctx, key, 1, semaphore.WithWaitTimeout(10*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- q
+	}()
+	eventually(t, 5*time.Second, "waiter in line", func() bool { return s.LocalWaiters(key) == 1 })
+	if parked, err := s.Park(ctx, key, 1, "parked", time.Minute); err != nil || !parked {
+		t.Fatalf("Park = %v, %v", parked, err)
+	}
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	q := <-got
+	select {
+	case token := <-woken:
+		if token != "parked" {
+			t.Fatalf("woke %q", token)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("hand-over did not wake the parked token")
+	}
+	if q != nil {
+		_ = q.Release(ctx)
+	}
+}
