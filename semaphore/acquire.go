@@ -138,7 +138,6 @@ type attemptResult struct {
 	earliest  time.Time // soonest lease expiry when not granted; zero if none
 	other     int64     // ticket of the first other entry in line, 0 if none
 	nowMicros int64
-	free      int64     // seats free after the call
 	token     string    // first parked token, when a held seat was handed over
 	sent      time.Time // local time the call was sent
 }
@@ -162,7 +161,7 @@ func (s *Service) attempt(req request, entry, ticket, next, release string) (att
 	if err != nil {
 		return res, err
 	}
-	var nums [8]int64
+	var nums [7]int64
 	if len(vals) != len(nums)+1 {
 		return res, fmt.Errorf("semaphore: acquire script replied %d values", len(vals))
 	}
@@ -179,8 +178,7 @@ func (s *Service) attempt(req request, entry, ticket, next, release string) (att
 	}
 	res.other = nums[4]
 	res.nowMicros = nums[5]*1e6 + nums[6]
-	res.free = nums[7]
-	res.token, _ = vals[8].(string)
+	res.token, _ = vals[7].(string)
 	s.clock.observe(res.nowMicros, res.sent, time.Now())
 	return res, nil
 }

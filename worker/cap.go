@@ -247,7 +247,9 @@ func (w *Worker) capped(taskType string, h asynq.Handler) asynq.Handler {
 			return fmt.Errorf("worker: task %s not run: its payload cannot render its semaphore key: %w: %w", taskType, err, asynq.SkipRetry)
 		}
 		for tries := 0; ; tries++ {
-			held, rq := w.takeSeats(ctx, t, seats)
+			// After a park found a seat free, try for real: our own
+			// waiters' claim on the line would only send us back.
+			held, rq := w.takeSeats(ctx, t, seats, tries > 0)
 			if rq == nil {
 				return w.runHolding(ctx, taskType, t, h, held)
 			}
@@ -295,7 +297,7 @@ type requeueRequest struct {
 // first, then in key order (see attemptOrder). It never waits while it holds
 // a seat: when a cap is full it gives back what it took, then waits on
 // (mode wait, or a standby place in mode requeue) or gives up on that cap.
-func (w *Worker) takeSeats(ctx context.Context, t *asynq.Task, seats []seat) ([]heldSeat, *requeueRequest) {
+func (w *Worker) takeSeats(ctx context.Context, t *asynq.Task, seats []seat, mustTry bool) ([]heldSeat, *requeueRequest) {
 	taskID, _ := asynq.GetTaskID(ctx)
 	taken := make([]*semaphore.Permit, len(seats))
 	giveBack := func() {
@@ -315,7 +317,7 @@ func (w *Worker) takeSeats(ctx context.Context, t *asynq.Task, seats []seat) ([]
 			if taken[i] != nil {
 				continue
 			}
-			if w.caps.hasWaiters(s.key) {
+			if !mustTry && w.caps.hasWaiters(s.key) {
 				// Tasks of ours wait in line for this key: the try
 				// would fail behind them. Saves a script call per task
 				// while a cap is contended.
