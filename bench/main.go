@@ -41,7 +41,9 @@ type benchEnv struct {
 }
 
 func (e *benchEnv) client() *redis.Client {
-	return redis.NewClient(&redis.Options{Addr: e.addr, PoolSize: 64})
+	// RESP2, as fleetcap's worker configures its clients (README: using
+	// the semaphore with your own go-redis client).
+	return redis.NewClient(&redis.Options{Addr: e.addr, PoolSize: 64, Protocol: 2})
 }
 
 // emit prints one JSON line.

@@ -9,7 +9,6 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // storeTimeout bounds one script call. Calls that change seats do not take
@@ -87,10 +86,11 @@ func (s *Service) WithPermit(ctx context.Context, key string, permits int, fn fu
 // observed wraps an acquisition in its span and its Observer event.
 func (s *Service) observed(ctx context.Context, key string, permits int, do func(context.Context) (*Permit, int, error)) (*Permit, error) {
 	start := time.Now()
-	ctx, span := s.tracer.Start(ctx, "semaphore.acquire", trace.WithAttributes(
-		attribute.String("semaphore.key", key),
-		attribute.Int("semaphore.capacity", permits),
-	))
+	ctx, span := s.tracer.Start(ctx, "semaphore.acquire")
+	recording := span.IsRecording() // attributes cost allocations: only for a real tracer
+	if recording {
+		span.SetAttributes(attribute.String("semaphore.key", key), attribute.Int("semaphore.capacity", permits))
+	}
 	p, attempts, err := do(ctx)
 	outcome := OutcomeAcquired
 	var aerr *AcquisitionError
@@ -103,8 +103,10 @@ func (s *Service) observed(ctx context.Context, key string, permits int, do func
 	case p == nil:
 		outcome = OutcomeFull
 	}
-	span.SetAttributes(attribute.Int("semaphore.attempts", attempts), attribute.String("semaphore.outcome", string(outcome)))
-	if err != nil {
+	if recording {
+		span.SetAttributes(attribute.Int("semaphore.attempts", attempts), attribute.String("semaphore.outcome", string(outcome)))
+	}
+	if err != nil && recording {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
 	}
