@@ -14,28 +14,15 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/fleetcap/fleetcap/internal/fleettest"
-	"github.com/fleetcap/fleetcap/internal/redistest"
 )
 
 // startFleetTypes is startFleet with several probe task types, each with
 // the caps in its entry of caps (indented for tasks.<type>).
 func startFleetTypes(t *testing.T, n, concurrency int, caps map[string]string) *fleet {
 	t.Helper()
-	srv := redistest.Start(t)
-	cfg, err := fleettest.WriteConfig(t.TempDir(), fleettest.ConfigTypes(srv.URL(), "default", concurrency, caps))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &fleet{t: t, srv: srv, config: cfg}
-	conn := asynq.RedisClientOpt{Addr: srv.Addr()}
-	f.client = asynq.NewClient(conn)
-	f.insp = asynq.NewInspector(conn)
-	t.Cleanup(func() { _ = f.client.Close(); _ = f.insp.Close() })
-	f.counters = fleettest.NewCounters(srv.Client(), "probe")
-	for i := range n {
-		f.add(fmt.Sprintf("w%d", i))
-	}
-	return f
+	return startFleetConfig(t, n, func(redisURL string) string {
+		return fleettest.ConfigTypes(redisURL, "default", concurrency, caps)
+	})
 }
 
 // enqueueTenant adds one probe of taskType with this payload and returns its

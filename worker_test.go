@@ -58,8 +58,15 @@ type fleet struct {
 
 func startFleet(t *testing.T, n, concurrency int, capYAML string) *fleet {
 	t.Helper()
+	return startFleetConfig(t, n, func(redisURL string) string { return fleettest.Config(redisURL, concurrency, capYAML) })
+}
+
+// startFleetConfig starts n probe workers on a private redis-server with the
+// config that config writes for its URL.
+func startFleetConfig(t *testing.T, n int, config func(redisURL string) string) *fleet {
+	t.Helper()
 	srv := redistest.Start(t)
-	cfg, err := fleettest.WriteConfig(t.TempDir(), fleettest.Config(srv.URL(), concurrency, capYAML))
+	cfg, err := fleettest.WriteConfig(t.TempDir(), config(srv.URL()))
 	if err != nil {
 		t.Fatal(err)
 	}
