@@ -3,6 +3,7 @@ package semaphore_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -64,4 +65,41 @@ func used(t *testing.T, s *semaphore.Service, key string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// fillAllSeats checks that capacity holders, spread over services, can hold
+// every seat of key at once: each takes a seat and keeps it until all have
+// one. It fails if the semaphore admits fewer (they would wait for ever).
+func fillAllSeats(t *testing.T, services []*semaphore.Service, key string, capacity int) {
+	t.Helper()
+	var holding sync.WaitGroup
+	holding.Add(capacity)
+	allIn := make(chan struct{})
+	errs := make(chan error, capacity)
+	var done sync.WaitGroup
+	for i := range capacity {
+		s := services[i%len(services)]
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			p, err := s.Acquire(context.Background(), key, capacity, semaphore.WithWaitTimeout(10*time.Second))
+			if err != nil {
+				errs <- err
+				holding.Done()
+				return
+			}
+			holding.Done()
+			<-allIn
+			errs <- p.Release(context.Background())
+		}()
+	}
+	holding.Wait()
+	close(allIn)
+	done.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("%d seats of %q could not all be held at once: %v", capacity, key, err)
+		}
+	}
 }
