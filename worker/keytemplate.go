@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"unicode"
+	"unicode/utf8"
 )
 
 // MaxRenderedKeyLen bounds a rendered semaphore key, so that a payload
@@ -38,11 +39,14 @@ type keyPart struct {
 
 // ParseKeyTemplate parses a semaphore key. Field names are dotted paths of
 // letters, digits, "_" and "-". It fails on an empty key, unbalanced braces,
-// an empty or malformed field name, control characters and a key longer
-// than MaxRenderedKeyLen.
+// an empty or malformed field name, control characters, text that is not
+// UTF-8 and a key longer than MaxRenderedKeyLen.
 func ParseKeyTemplate(s string) (*KeyTemplate, error) {
 	if s == "" {
 		return nil, errors.New("key is empty")
+	}
+	if !utf8.ValidString(s) {
+		return nil, fmt.Errorf("key %q is not valid UTF-8", s)
 	}
 	if len(s) > MaxRenderedKeyLen {
 		// Not quoted: the message would be as long as the key.
