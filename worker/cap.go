@@ -418,7 +418,8 @@ func (w *Worker) acquireFailed(key string, err error) *requeueRequest {
 	}
 }
 
-// release gives a seat back and wakes a task parked on its key.
+// release gives a seat back. (The release itself wakes a task parked on
+// the key: see parking.)
 func (w *Worker) release(ctx context.Context, key string, p *semaphore.Permit) {
 	err := p.Release(context.WithoutCancel(ctx))
 	switch {
