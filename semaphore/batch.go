@@ -49,6 +49,30 @@ func (b *batcher) run(script *redis.Script, keys []string, args ...any) *redis.C
 }
 
 func (b *batcher) wait(c *evalCall) {
+	b.mu.Lock()
+	if b.flushers == 0 && len(b.pending) == 0 {
+		// Nothing is on the wire or waiting: send the call from this
+		// goroutine. Starting a flusher for a lone call costs a goroutine
+		// and the growth of its stack (S2's worker spent a seventh of its
+		// CPU growing stacks). Calls that come meanwhile start flushers.
+		b.flushers++
+		b.mu.Unlock()
+		c.done = make(chan struct{})
+		b.send([]*evalCall{c})
+		close(c.done)
+		b.mu.Lock()
+		b.flushers--
+		start := len(b.pending) > 0 && b.flushers < maxFlushers
+		if start {
+			b.flushers++
+		}
+		b.mu.Unlock()
+		if start {
+			go b.flush()
+		}
+		return
+	}
+	b.mu.Unlock()
 	b.submit(c)
 	<-c.done
 }
