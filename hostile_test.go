@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/fleetcap/fleetcap/internal/waitfor"
 	"io"
 	"net/http"
 	"os"
@@ -156,7 +157,7 @@ func TestSecretsNeverLogged(t *testing.T) {
 
 	w := startProcess(t, env, workerBin, "--config", cfg)
 	var base string
-	waitFor(t, "the worker prints its pages", 30*time.Second, func() bool {
+	waitfor.Condition(t, 30*time.Second, "the worker prints its pages", func() bool {
 		m := regexp.MustCompile(`metrics:\s+(http://\S+)/metrics`).FindStringSubmatch(w.Output())
 		if m != nil {
 			base = m[1]
@@ -207,7 +208,7 @@ func TestSecretsNeverLogged(t *testing.T) {
 		t.Fatalf("enqueue: exit %d: %s", code, stderr)
 	}
 	leaks("enqueue", stdout+stderr)
-	waitFor(t, "seats taken", 20*time.Second, func() bool {
+	waitfor.Condition(t, 20*time.Second, "seats taken", func() bool {
 		_, body := do("GET", "/api/semaphores", "")
 		return strings.Contains(body, `"used":2`)
 	})
@@ -222,7 +223,7 @@ func TestSecretsNeverLogged(t *testing.T) {
 	} else {
 		leaks("/readyz", body)
 	}
-	waitFor(t, "the worker logs the outage", 20*time.Second, func() bool { return strings.Contains(w.Output(), "connection refused") })
+	waitfor.Condition(t, 20*time.Second, "the worker logs the outage", func() bool { return strings.Contains(w.Output(), "connection refused") })
 	srv.StartAgain()
 	_ = w.cmd.Process.Signal(syscall.SIGTERM)
 	select {

@@ -21,6 +21,7 @@ import (
 	"github.com/fleetcap/fleetcap/internal/fleettest"
 	"github.com/fleetcap/fleetcap/internal/redistest"
 	"github.com/fleetcap/fleetcap/internal/tcpproxy"
+	"github.com/fleetcap/fleetcap/internal/waitfor"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
@@ -46,19 +47,6 @@ func newFleet(t *testing.T, srv *redistest.Server, conn asynq.RedisConnOpt, conf
 		f.add(fmt.Sprintf("w%d", i))
 	}
 	return f
-}
-
-// waitFor polls cond until it holds, failing the test after within.
-func waitFor(t *testing.T, what string, within time.Duration, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > within {
-			t.Fatalf("%s: not after %s", what, within)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return time.Since(start)
 }
 
 // cpuTime is the user+system CPU time a process used so far.
@@ -241,7 +229,7 @@ func TestPartition(t *testing.T) {
 	}
 	holders := f.semHolders(t, "probe-cap")
 	var held []string
-	waitFor(t, "the victim takes every seat", 30*time.Second, func() bool { held = holders(); return len(held) == capacity })
+	waitfor.Condition(t, 30*time.Second, "the victim takes every seat", func() bool { held = holders(); return len(held) == capacity })
 	f.add("w1")
 	f.add("w2")
 	f.enqueue(short, 200)
@@ -249,9 +237,9 @@ func TestPartition(t *testing.T) {
 	proxy.Cut()
 	cutAt := time.Now()
 	// The victim's seats lapse on the server within the TTL...
-	lapsed := waitFor(t, "the victim's seats lapse", ttl+time.Second, func() bool { return len(intersect(holders(), held)) == 0 })
+	lapsed := waitfor.Condition(t, ttl+time.Second, "the victim's seats lapse", func() bool { return len(intersect(holders(), held)) == 0 })
 	// ...and the other workers take them.
-	taken := waitFor(t, "another worker takes a seat", 5*time.Second, func() bool {
+	taken := waitfor.Condition(t, 5*time.Second, "another worker takes a seat", func() bool {
 		now := holders()
 		return len(now) > 0 && len(intersect(now, held)) == 0
 	})
@@ -259,7 +247,7 @@ func TestPartition(t *testing.T) {
 	// The victim learned it by its local deadline, which comes before the
 	// server's expiry: it cancelled its handlers within the TTL of the cut
 	// (a little slack for the log line to reach us).
-	waitFor(t, "the victim cancels its handlers", max(ttl+300*time.Millisecond-time.Since(cutAt), 0), func() bool {
+	waitfor.Condition(t, max(ttl+300*time.Millisecond-time.Since(cutAt), 0), "the victim cancels its handlers", func() bool {
 		return strings.Count(victim.Log(), "lease lost; cancelling the task") >= capacity
 	})
 	t.Logf("the victim cancelled its %d handlers within %s of the cut", capacity, time.Since(cutAt).Round(time.Millisecond))

@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -92,18 +91,6 @@ func mustSample(t *testing.T, mfs map[string]*dto.MetricFamily, name string, lab
 		t.Fatalf("no series %s%v", name, labels)
 	}
 	return v
-}
-
-// eventually polls cond until it holds or within passes.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", within, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // syncWriter serialises writes to w (slog handlers may write concurrently).

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/internal/waitfor"
 )
 
 func newRecorder(t *testing.T) (*sdktrace.TracerProvider, *tracetest.SpanRecorder) {
@@ -46,7 +47,7 @@ func spanNamed(rec *tracetest.SpanRecorder, name string) sdktrace.ReadOnlySpan {
 func attr(s sdktrace.ReadOnlySpan, key string) (string, bool) {
 	for _, kv := range s.Attributes() {
 		if string(kv.Key) == key {
-			return kv.Value.Emit(), true
+			return kv.Value.String(), true
 		}
 	}
 	return "", false
@@ -101,7 +102,7 @@ func TestTracingLinksEnqueueToProcess(t *testing.T) {
 		t.Fatal("task not processed within 10s")
 	}
 	var consumer sdktrace.ReadOnlySpan
-	eventually(t, 5*time.Second, "the consumer span to end", func() bool {
+	waitfor.Condition(t, 5*time.Second, "the consumer span to end", func() bool {
 		consumer = spanNamed(rec, "asynq.process report:fetch")
 		return consumer != nil
 	})

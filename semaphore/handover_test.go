@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/internal/waitfor"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
@@ -106,7 +107,7 @@ func TestLocalHandOverMovesTheSeat(t *testing.T) {
 		}
 		got <- q
 	}()
-	eventually(t, 5*time.Second, "waiter in line", func() bool { return s.LocalWaiters(key) == 1 })
+	waitfor.Condition(t, 5*time.Second, "waiter in line", func() bool { return s.LocalWaiters(key) == 1 })
 	if err := p.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +133,7 @@ func TestLocalHandOverMovesTheSeat(t *testing.T) {
 		t.Fatal("handed-over permit is not auto-renewing")
 	}
 	first := q.ExpiresAt()
-	eventually(t, 5*time.Second, "handed-over lease renewed past its first expiry", func() bool {
+	waitfor.Condition(t, 5*time.Second, "handed-over lease renewed past its first expiry", func() bool {
 		return q.ExpiresAt().After(first.Add(100 * time.Millisecond))
 	})
 	if held, err := q.IsHeld(ctx); err != nil || !held {
@@ -166,7 +167,7 @@ func TestLocalHandOverOfALostSeat(t *testing.T) {
 		}
 		got <- q
 	}()
-	eventually(t, 5*time.Second, "waiter in line", func() bool { return s.LocalWaiters(key) == 1 })
+	waitfor.Condition(t, 5*time.Second, "waiter in line", func() bool { return s.LocalWaiters(key) == 1 })
 	raw := srv.Client()
 	if err := raw.ZRem(ctx, holdersKey(key), p.ID()).Err(); err != nil {
 		t.Fatal(err)

@@ -35,18 +35,6 @@ func newService(t *testing.T, rdb redis.UniversalClient, opts ...func(*semaphore
 	return s
 }
 
-// eventually waits for cond, failing the test after within.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not true within %s: %s", within, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 func mustAcquire(t *testing.T, s *semaphore.Service, key string, permits int, opts ...semaphore.AcquireOption) *semaphore.Permit {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

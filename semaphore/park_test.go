@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/internal/waitfor"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
@@ -71,7 +72,7 @@ func TestHandOverWakesParked(t *testing.T) {
 		}
 		got <- q
 	}()
-	eventually(t, 5*time.Second, "waiter in line", func() bool { return s.LocalWaiters(key) == 1 })
+	waitfor.Condition(t, 5*time.Second, "waiter in line", func() bool { return s.LocalWaiters(key) == 1 })
 	if parked, err := s.Park(ctx, key, 1, "parked", time.Minute); err != nil || !parked {
 		t.Fatalf("Park = %v, %v", parked, err)
 	}

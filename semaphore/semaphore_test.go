@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/internal/waitfor"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
@@ -124,7 +125,7 @@ func TestAcquireReasons(t *testing.T) {
 		mustAcquire(t, s, key, 1)
 		cctx, cancel := context.WithCancel(ctx)
 		go func() {
-			eventually(t, 5*time.Second, "waiter queued", func() bool { return queued(t, srv.Client(), key) })
+			waitfor.Condition(t, 5*time.Second, "waiter queued", func() bool { return queued(t, srv.Client(), key) })
 			cancel()
 		}()
 		_, err := s.Acquire(cctx, key, 1)
@@ -140,7 +141,7 @@ func TestAcquireReasons(t *testing.T) {
 		key := uniqueKey(t)
 		mustAcquire(t, s, key, 1)
 		go func() {
-			eventually(t, 5*time.Second, "waiter queued", func() bool { return queued(t, srv.Client(), key) })
+			waitfor.Condition(t, 5*time.Second, "waiter queued", func() bool { return queued(t, srv.Client(), key) })
 			_ = s.Close()
 		}()
 		_, err := s.Acquire(ctx, key, 1)
@@ -178,7 +179,7 @@ func TestAcquireReasons(t *testing.T) {
 		key := uniqueKey(t)
 		mustAcquire(t, s, key, 1)
 		go func() {
-			eventually(t, 5*time.Second, "waiter queued", func() bool { return queued(t, own.Client(), key) })
+			waitfor.Condition(t, 5*time.Second, "waiter queued", func() bool { return queued(t, own.Client(), key) })
 			own.Stop()
 		}()
 		_, err := s.Acquire(ctx, key, 1, semaphore.WithWaitTimeout(20*time.Second))
@@ -240,7 +241,7 @@ func TestReleaseSemantics(t *testing.T) {
 	t.Run("expired seat is not held", func(t *testing.T) {
 		key := uniqueKey(t)
 		p := mustAcquire(t, s, key, 2, semaphore.WithTTL(50*time.Millisecond))
-		eventually(t, 5*time.Second, "lease lapses", func() bool {
+		waitfor.Condition(t, 5*time.Second, "lease lapses", func() bool {
 			held, err := p.IsHeld(ctx)
 			return err == nil && !held
 		})
@@ -279,7 +280,7 @@ func TestReleaseSemantics(t *testing.T) {
 		a := mustAcquire(t, s, key, 3)
 		b := mustAcquire(t, s, key, 3)
 		short := mustAcquire(t, s, key, 3, semaphore.WithTTL(30*time.Millisecond))
-		eventually(t, 5*time.Second, "short lease lapses", func() bool {
+		waitfor.Condition(t, 5*time.Second, "short lease lapses", func() bool {
 			held, err := short.IsHeld(ctx)
 			return err == nil && !held
 		})
@@ -326,7 +327,7 @@ func TestMixedTTLsShareAKey(t *testing.T) {
 	key := uniqueKey(t)
 	long := mustAcquire(t, s, key, 2, semaphore.WithTTL(time.Minute))
 	short := mustAcquire(t, s, key, 2, semaphore.WithTTL(40*time.Millisecond))
-	eventually(t, 5*time.Second, "short lease lapses", func() bool { return used(t, s, key) == 1 })
+	waitfor.Condition(t, 5*time.Second, "short lease lapses", func() bool { return used(t, s, key) == 1 })
 	if held, err := long.IsHeld(ctx); err != nil || !held {
 		t.Fatalf("the long lease was evicted by the short one's expiry: held=%v err=%v", held, err)
 	}
@@ -358,7 +359,7 @@ func TestIdleKeysExpire(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = p
-	eventually(t, 10*time.Second, "every key of the semaphore expires", func() bool {
+	waitfor.Condition(t, 10*time.Second, "every key of the semaphore expires", func() bool {
 		keys, err := srv.Client().Keys(ctx, "*"+key+"*").Result()
 		return err == nil && len(keys) == 0
 	})
@@ -448,7 +449,7 @@ func TestAutoRenew(t *testing.T) {
 		t.Fatal("not auto-renewing")
 	}
 	first := p.ExpiresAt()
-	eventually(t, 5*time.Second, "lease renewed twice past its first expiry", func() bool {
+	waitfor.Condition(t, 5*time.Second, "lease renewed twice past its first expiry", func() bool {
 		return p.ExpiresAt().After(first.Add(100 * time.Millisecond))
 	})
 	if held, err := p.IsHeld(ctx); err != nil || !held {
@@ -458,7 +459,7 @@ func TestAutoRenew(t *testing.T) {
 	if p.IsAutoRenewing() {
 		t.Fatal("still auto-renewing after StopAutoRenew")
 	}
-	eventually(t, 5*time.Second, "lease lapses once renewal stops", func() bool { return used(t, s, key) == 0 })
+	waitfor.Condition(t, 5*time.Second, "lease lapses once renewal stops", func() bool { return used(t, s, key) == 0 })
 
 	// Lost() closes when renewal finds the seat gone.
 	q := mustAcquire(t, s, key, 1, semaphore.WithTTL(150*time.Millisecond), semaphore.WithAutoRenew())

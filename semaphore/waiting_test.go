@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/internal/waitfor"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
@@ -40,7 +41,7 @@ func TestFirstComeFirstServed(t *testing.T) {
 				t.Error(err)
 			}
 		}()
-		eventually(t, 5*time.Second, "waiter in line", func() bool { return s.LocalWaiters(key) == before+1 })
+		waitfor.Condition(t, 5*time.Second, "waiter in line", func() bool { return s.LocalWaiters(key) == before+1 })
 	}
 	if err := holder.Release(ctx); err != nil {
 		t.Fatal(err)

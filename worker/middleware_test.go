@@ -13,6 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/internal/waitfor"
 	"github.com/fleetcap/fleetcap/semaphore"
 	"github.com/fleetcap/fleetcap/worker"
 )
@@ -79,17 +80,6 @@ func (tw *testWorker) sem() *semaphore.Service {
 	return s
 }
 
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not true within %s: %s", within, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // recorder is an Observer that remembers what it was told.
 type recorder struct {
 	mu        sync.Mutex
@@ -144,7 +134,7 @@ func TestFullSemaphoreNeverArchives(t *testing.T) {
 	}
 	tw.enqueue("job", "retries-left")
 	tw.enqueue("job", "no-retry", asynq.MaxRetry(0))
-	waitFor(t, 10*time.Second, "both requeued while the seat is taken", func() bool {
+	waitfor.Condition(t, 10*time.Second, "both requeued while the seat is taken", func() bool {
 		return tw.obs.count(&tw.obs.requeued, "api/full") >= 2
 	})
 	info, err := tw.insp.GetQueueInfo("default")
@@ -159,7 +149,7 @@ func TestFullSemaphoreNeverArchives(t *testing.T) {
 	}
 	// The release was not the worker's, so nothing wakes the parked tasks:
 	// they come back after the safety-net delay (10 s).
-	waitFor(t, 30*time.Second, "both tasks ran", func() bool {
+	waitfor.Condition(t, 30*time.Second, "both tasks ran", func() bool {
 		_, a := ran.Load("retries-left")
 		_, b := ran.Load("no-retry")
 		return a && b
@@ -191,12 +181,12 @@ func TestReleaseWakesParked(t *testing.T) {
 		return nil
 	}})
 	tw.enqueue("job", "first")
-	waitFor(t, 10*time.Second, "first runs", func() bool { mu.Lock(); defer mu.Unlock(); return len(order) == 1 })
+	waitfor.Condition(t, 10*time.Second, "first runs", func() bool { mu.Lock(); defer mu.Unlock(); return len(order) == 1 })
 	tw.enqueue("job", "second")
-	waitFor(t, 10*time.Second, "second parked", func() bool { return tw.obs.count(&tw.obs.requeued, "api/full") == 1 })
+	waitfor.Condition(t, 10*time.Second, "second parked", func() bool { return tw.obs.count(&tw.obs.requeued, "api/full") == 1 })
 	start := time.Now()
 	close(release)
-	waitFor(t, 5*time.Second, "second runs after the release", func() bool { mu.Lock(); defer mu.Unlock(); return len(order) == 2 })
+	waitfor.Condition(t, 5*time.Second, "second runs after the release", func() bool { mu.Lock(); defer mu.Unlock(); return len(order) == 2 })
 	if d := time.Since(start); d > 3*time.Second {
 		t.Fatalf("parked task ran %s after the release: it waited for the safety net, not the wake-up", d)
 	}
@@ -213,7 +203,7 @@ func TestPayloadThatCannotRenderItsKey(t *testing.T) {
 		return nil
 	}})
 	id := tw.enqueue("job", `{"other": 1}`)
-	waitFor(t, 10*time.Second, "task archived", func() bool {
+	waitfor.Condition(t, 10*time.Second, "task archived", func() bool {
 		info, err := tw.insp.GetTaskInfo("default", id)
 		return err == nil && info.State == asynq.TaskStateArchived
 	})
@@ -281,7 +271,7 @@ func TestLeaseLost(t *testing.T) {
 			if _, err := tw.sem().ForceReleaseAll(context.Background(), "api"); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, 5*time.Second, "lease loss noticed", func() bool { return tw.obs.count(&tw.obs.leaseLost, "api") == 1 })
+			waitfor.Condition(t, 5*time.Second, "lease loss noticed", func() bool { return tw.obs.count(&tw.obs.leaseLost, "api") == 1 })
 			switch policy {
 			case "cancel":
 				select {
@@ -289,9 +279,9 @@ func TestLeaseLost(t *testing.T) {
 				case <-time.After(5 * time.Second):
 					t.Fatal("handler context not cancelled after the lease was lost")
 				}
-				waitFor(t, 15*time.Second, "task ran again", func() bool { return runs.Load() == 2 })
+				waitfor.Condition(t, 15*time.Second, "task ran again", func() bool { return runs.Load() == 2 })
 			case "continue":
-				waitFor(t, 5*time.Second, "task finished", func() bool {
+				waitfor.Condition(t, 5*time.Second, "task finished", func() bool {
 					_, err := tw.insp.GetTaskInfo("default", id)
 					return errors.Is(err, asynq.ErrTaskNotFound)
 				})
@@ -326,7 +316,7 @@ func TestWaitModeTimesOutAndRequeues(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := tw.enqueue("job", "x")
-	waitFor(t, 10*time.Second, "requeued after the wait", func() bool { return tw.obs.count(&tw.obs.requeued, "api/timeout") >= 1 })
+	waitfor.Condition(t, 10*time.Second, "requeued after the wait", func() bool { return tw.obs.count(&tw.obs.requeued, "api/timeout") >= 1 })
 	info, err := tw.insp.GetTaskInfo("default", id)
 	if err != nil {
 		t.Fatal(err)
@@ -335,7 +325,7 @@ func TestWaitModeTimesOutAndRequeues(t *testing.T) {
 		t.Fatalf("after a wait timeout: retried %d, state %v (want no retry spent, not archived)", info.Retried, info.State)
 	}
 	_ = blocker.Release(context.Background())
-	waitFor(t, 30*time.Second, "task ran", func() bool { return ran.Load() == 1 })
+	waitfor.Condition(t, 30*time.Second, "task ran", func() bool { return ran.Load() == 1 })
 }
 
 func TestIsFailureAndRetryDelay(t *testing.T) {
