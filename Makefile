@@ -33,6 +33,7 @@ bench: deps ## print the SPEC §4 benchmark lines (REDIS_ADDR=host:port, else a 
 	$(GO) run ./bench -scenarios $${SCENARIOS:-S1,S2,S3,S4,S5,S6}
 
 .PHONY: lint
-lint: ## gofmt and go vet
+lint: ## gofmt, go vet and staticcheck
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@2025.1.1 ./...

@@ -87,10 +87,9 @@ type snapshotter struct {
 	busiest  int
 	cacheFor time.Duration
 
-	mu    sync.Mutex // held across a reading
-	at    time.Time
-	rows  []SemaphoreStatus
-	known map[string]bool // keys release-all accepts
+	mu   sync.Mutex // held across a reading
+	at   time.Time
+	rows []SemaphoreStatus
 }
 
 // invalidate drops the cached snapshot (after a force release).

@@ -94,7 +94,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("tracing: %w", err)
 	}
-	defer func() { _ = shutdownTracing(context.Background()) }()
+	defer func() {
+		// Flushes the spans still buffered; a failure loses them, so say so.
+		if err := shutdownTracing(context.Background()); err != nil {
+			fmt.Fprintln(stderr, "worker: tracing shutdown:", err)
+		}
+	}()
 
 	reg := monitoring.NewRegistry()
 	var w *worker.Worker
