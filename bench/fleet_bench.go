@@ -21,6 +21,7 @@ import (
 type fleetRun struct {
 	env        *benchEnv
 	queue      string
+	config     string // the workers' config file
 	procs      []*fleettest.Proc
 	counters   *fleettest.Counters
 	countRDB   *redis.Client
@@ -49,10 +50,20 @@ func startFleet(ctx context.Context, env *benchEnv, name string, procs, concurre
 // startFleetWith is startFleet with more top-level config sections
 // (extraYAML, such as a semaphore section).
 func startFleetWith(ctx context.Context, env *benchEnv, name string, procs, concurrency int, capYAML, extraYAML string) (*fleetRun, error) {
-	bin, err := probeBinary()
+	r, err := prepareFleet(env, name, concurrency, capYAML, extraYAML)
 	if err != nil {
 		return nil, err
 	}
+	if err := r.launch(procs); err != nil {
+		r.stop()
+		return nil, err
+	}
+	return r, nil
+}
+
+// prepareFleet writes the config of a fleet run and opens its clients; its
+// workers start with launch, so that a run can fill its queue first.
+func prepareFleet(env *benchEnv, name string, concurrency int, capYAML, extraYAML string) (*fleetRun, error) {
 	queue := fmt.Sprintf("%s-%d", name, time.Now().UnixNano())
 	dir, err := os.MkdirTemp("", "fleetcap-bench-run-")
 	if err != nil {
@@ -67,15 +78,24 @@ func startFleetWith(ctx context.Context, env *benchEnv, name string, procs, conc
 	r.countRDB = redis.NewClient(&redis.Options{Addr: env.counterAddr})
 	r.counters = fleettest.NewCounters(r.countRDB, queue)
 	r.client = asynq.NewClient(asynq.RedisClientOpt{Addr: env.addr, PoolSize: 32})
+	r.config = cfg
+	return r, nil
+}
+
+// launch starts procs probe workers.
+func (r *fleetRun) launch(procs int) error {
+	bin, err := probeBinary()
+	if err != nil {
+		return err
+	}
 	for i := range procs {
-		p, err := fleettest.Start(bin, fmt.Sprintf("w%d", i), cfg, "--counters", "redis://"+env.counterAddr, "--prefix", queue)
+		p, err := fleettest.Start(bin, fmt.Sprintf("w%d", i), r.config, "--counters", "redis://"+r.env.counterAddr, "--prefix", r.queue)
 		if err != nil {
-			r.stop()
-			return nil, err
+			return err
 		}
 		r.procs = append(r.procs, p)
 	}
-	return r, nil
+	return nil
 }
 
 // enqueue adds n probes (payload from fn) with up to 16 enqueuers at once.
@@ -177,11 +197,16 @@ func capBlock(key string, capacity int, mode string) string {
 func runS1(ctx context.Context, env *benchEnv) error {
 	const capacity, procs, conc, tasks, dur = 5, 3, 10, 400, 25
 	for _, mode := range []string{"requeue", "wait"} {
-		r, err := startFleet(ctx, env, "s1-"+mode, procs, conc, capBlock(fmt.Sprintf("s1-%s-%d", mode, time.Now().UnixNano()), capacity, mode))
+		r, err := prepareFleet(env, "s1-"+mode, conc, capBlock(fmt.Sprintf("s1-%s-%d", mode, time.Now().UnixNano()), capacity, mode), "")
 		if err != nil {
 			return err
 		}
+		// As in the BullMQ anchor, the queue is full before the workers
+		// start.
 		err = r.enqueue(ctx, tasks, func(int) map[string]any { return map[string]any{"ms": dur} })
+		if err == nil {
+			err = r.launch(procs)
+		}
 		if err == nil {
 			err = r.wait(ctx, tasks, 2*time.Minute)
 		}
@@ -215,11 +240,16 @@ func runS2(ctx context.Context, env *benchEnv) error {
 		if variant == "capped" {
 			capYAML = capBlock(fmt.Sprintf("s2-%d", time.Now().UnixNano()), 1000, "requeue")
 		}
-		r, err := startFleet(ctx, env, "s2-"+variant, 1, conc, capYAML)
+		r, err := prepareFleet(env, "s2-"+variant, conc, capYAML, "")
 		if err != nil {
 			return err
 		}
+		// The queue is filled before the worker starts, so that the
+		// enqueuer does not compete with it for the CPU.
 		err = r.enqueue(ctx, tasks, func(int) map[string]any { return map[string]any{"ms": 0} })
+		if err == nil {
+			err = r.launch(1)
+		}
 		if err == nil {
 			err = r.wait(ctx, tasks, 5*time.Minute)
 		}
