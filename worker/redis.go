@@ -20,40 +20,26 @@ func (r RedisConfig) Embedded() bool {
 	return r.URL == "" && len(r.ClusterAddrs) == 0
 }
 
-// AsynqConnOpt returns asynq's connection options for the configured Redis.
-// Unlike asynq.ParseRedisURI it keeps the URL's username (Redis ACLs).
+// AsynqConnOpt returns asynq's connection option for the configured Redis.
+// The clients asynq (and asynqmon) make with it are NewClient's, so they
+// keep the URL's username (Redis ACLs), speak RESP2 and end calls at their
+// context's deadline, like the semaphore's.
 func (r RedisConfig) AsynqConnOpt() (asynq.RedisConnOpt, error) {
 	t, err := r.target()
 	if err != nil {
 		return nil, err
 	}
-	switch t.kind {
-	case kindSentinel:
-		return asynq.RedisFailoverClientOpt{
-			MasterName:       t.master,
-			SentinelAddrs:    t.addrs,
-			SentinelUsername: t.sentinelUsername,
-			SentinelPassword: t.sentinelPassword,
-			Username:         t.username,
-			Password:         t.password,
-			DB:               t.db,
-			TLSConfig:        t.tlsConfig(),
-		}, nil
-	case kindCluster:
-		return asynq.RedisClusterClientOpt{Addrs: t.addrs}, nil
-	default:
-		return asynq.RedisClientOpt{
-			Addr:      t.addrs[0],
-			Username:  t.username,
-			Password:  t.password,
-			DB:        t.db,
-			TLSConfig: t.tlsConfig(),
-		}, nil
-	}
+	return connOpt{t}, nil
 }
 
-// NewClient returns a go-redis client for the configured Redis, with the
-// same settings as AsynqConnOpt. The caller closes it.
+// connOpt is an asynq.RedisConnOpt that makes clients with newClient.
+type connOpt struct{ target redisTarget }
+
+// MakeRedisClient returns a new client; whoever asked for it closes it.
+func (o connOpt) MakeRedisClient() any { return o.target.newClient() }
+
+// NewClient returns a go-redis client for the configured Redis. The caller
+// closes it.
 //
 // Its calls end at their context's deadline (ContextTimeoutEnabled): the
 // semaphore renews a lease with a call bounded by the lease's local
@@ -69,6 +55,10 @@ func (r RedisConfig) NewClient() (redis.UniversalClient, error) {
 	if err != nil {
 		return nil, err
 	}
+	return t.newClient(), nil
+}
+
+func (t redisTarget) newClient() redis.UniversalClient {
 	switch t.kind {
 	case kindSentinel:
 		return redis.NewFailoverClient(&redis.FailoverOptions{
@@ -82,9 +72,9 @@ func (r RedisConfig) NewClient() (redis.UniversalClient, error) {
 			Password:              t.password,
 			DB:                    t.db,
 			TLSConfig:             t.tlsConfig(),
-		}), nil
+		})
 	case kindCluster:
-		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: t.addrs, ContextTimeoutEnabled: true, Protocol: 2}), nil
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: t.addrs, ContextTimeoutEnabled: true, Protocol: 2})
 	default:
 		return redis.NewClient(&redis.Options{
 			ContextTimeoutEnabled: true,
@@ -94,7 +84,7 @@ func (r RedisConfig) NewClient() (redis.UniversalClient, error) {
 			Password:              t.password,
 			DB:                    t.db,
 			TLSConfig:             t.tlsConfig(),
-		}), nil
+		})
 	}
 }
 

@@ -15,56 +15,71 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-func TestAsynqConnOpt(t *testing.T) {
+func TestRedisTarget(t *testing.T) {
 	tests := []struct {
 		name string
 		cfg  RedisConfig
-		want asynq.RedisConnOpt
+		want redisTarget
 	}{
-		{"embedded", RedisConfig{EmbeddedAddr: "127.0.0.1:6390"}, asynq.RedisClientOpt{Addr: "127.0.0.1:6390"}},
-		{"plain", RedisConfig{URL: "redis://h:6379"}, asynq.RedisClientOpt{Addr: "h:6379"}},
-		{"default port", RedisConfig{URL: "redis://h"}, asynq.RedisClientOpt{Addr: "h:6379"}},
+		{"embedded", RedisConfig{EmbeddedAddr: "127.0.0.1:6390"}, redisTarget{addrs: []string{"127.0.0.1:6390"}}},
+		{"plain", RedisConfig{URL: "redis://h:6379"}, redisTarget{addrs: []string{"h:6379"}}},
+		{"default port", RedisConfig{URL: "redis://h"}, redisTarget{addrs: []string{"h:6379"}}},
 		{"user password db", RedisConfig{URL: "redis://alice:pw@h:7000/3"},
-			asynq.RedisClientOpt{Addr: "h:7000", Username: "alice", Password: "pw", DB: 3}},
-		{"password only", RedisConfig{URL: "redis://:pw@h:7000/"}, asynq.RedisClientOpt{Addr: "h:7000", Password: "pw"}},
-		{"escaped password", RedisConfig{URL: "redis://u:p%40ss%2Fw@h"}, asynq.RedisClientOpt{Addr: "h:6379", Username: "u", Password: "p@ss/w"}},
-		{"ipv6", RedisConfig{URL: "redis://[::1]:6380"}, asynq.RedisClientOpt{Addr: "[::1]:6380"}},
-		{"ipv6 default port", RedisConfig{URL: "redis://[::1]"}, asynq.RedisClientOpt{Addr: "[::1]:6379"}},
+			redisTarget{addrs: []string{"h:7000"}, username: "alice", password: "pw", db: 3}},
+		{"password only", RedisConfig{URL: "redis://:pw@h:7000/"}, redisTarget{addrs: []string{"h:7000"}, password: "pw"}},
+		{"escaped password", RedisConfig{URL: "redis://u:p%40ss%2Fw@h"}, redisTarget{addrs: []string{"h:6379"}, username: "u", password: "p@ss/w"}},
+		{"ipv6", RedisConfig{URL: "redis://[::1]:6380"}, redisTarget{addrs: []string{"[::1]:6380"}}},
+		{"ipv6 default port", RedisConfig{URL: "redis://[::1]"}, redisTarget{addrs: []string{"[::1]:6379"}}},
+		{"tls", RedisConfig{URL: "rediss://alice:pw@cache.example.com:6380/1"},
+			redisTarget{addrs: []string{"cache.example.com:6380"}, username: "alice", password: "pw", db: 1, tls: true, serverName: "cache.example.com"}},
 		{"sentinel", RedisConfig{URL: "redis-sentinel://u:pw@s1:26379,s2:26380/mymaster?db=2"},
-			asynq.RedisFailoverClientOpt{MasterName: "mymaster", SentinelAddrs: []string{"s1:26379", "s2:26380"}, Username: "u", Password: "pw", DB: 2}},
+			redisTarget{kind: kindSentinel, master: "mymaster", addrs: []string{"s1:26379", "s2:26380"}, username: "u", password: "pw", db: 2}},
 		{"sentinel asynq style", RedisConfig{URL: "redis-sentinel://s1?master=m&sentinel_username=su&sentinel_password=sp"},
-			asynq.RedisFailoverClientOpt{MasterName: "m", SentinelAddrs: []string{"s1:26379"}, SentinelUsername: "su", SentinelPassword: "sp"}},
-		{"cluster", RedisConfig{ClusterAddrs: []string{"c1:7000", "c2:7001"}}, asynq.RedisClusterClientOpt{Addrs: []string{"c1:7000", "c2:7001"}}},
+			redisTarget{kind: kindSentinel, master: "m", addrs: []string{"s1:26379"}, sentinelUsername: "su", sentinelPassword: "sp"}},
+		{"cluster", RedisConfig{ClusterAddrs: []string{"c1:7000", "c2:7001"}}, redisTarget{kind: kindCluster, addrs: []string{"c1:7000", "c2:7001"}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := tt.cfg.AsynqConnOpt()
+			got, err := tt.cfg.target()
 			if err != nil {
 				t.Fatal(err)
 			}
 			if !reflect.DeepEqual(got, tt.want) {
-				t.Errorf("AsynqConnOpt() = %#v\nwant %#v", got, tt.want)
+				t.Errorf("target() = %#v\nwant %#v", got, tt.want)
 			}
 		})
 	}
 }
 
-func TestAsynqConnOptTLS(t *testing.T) {
+// TestAsynqConnOptMakesOurClients: asynq's clients have the settings of
+// NewClient (RESP2, calls bounded by their context, the URL's user and
+// TLS).
+func TestAsynqConnOptMakesOurClients(t *testing.T) {
 	opt, err := RedisConfig{URL: "rediss://alice:pw@cache.example.com:6380/1"}.AsynqConnOpt()
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := opt.(asynq.RedisClientOpt)
-	if o.TLSConfig == nil || o.TLSConfig.ServerName != "cache.example.com" || o.Username != "alice" || o.DB != 1 {
-		t.Errorf("rediss: %#v", o)
+	c, ok := opt.MakeRedisClient().(*redis.Client)
+	if !ok {
+		t.Fatalf("MakeRedisClient() is a %T, want *redis.Client", opt.MakeRedisClient())
 	}
-	c, err := RedisConfig{URL: "rediss://cache.example.com"}.NewClient()
+	defer c.Close()
+	o := c.Options()
+	if o.Protocol != 2 || !o.ContextTimeoutEnabled || o.Addr != "cache.example.com:6380" || o.Username != "alice" || o.DB != 1 ||
+		o.TLSConfig == nil || o.TLSConfig.ServerName != "cache.example.com" {
+		t.Errorf("asynq's client options: %#v", o)
+	}
+	opt, err = RedisConfig{ClusterAddrs: []string{"c1:7000"}}.AsynqConnOpt()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	if tc := c.(*redis.Client).Options().TLSConfig; tc == nil || tc.ServerName != "cache.example.com" {
-		t.Errorf("NewClient TLS config = %#v", tc)
+	cc, ok := opt.MakeRedisClient().(*redis.ClusterClient)
+	if !ok {
+		t.Fatalf("MakeRedisClient() on a cluster is not a *redis.ClusterClient")
+	}
+	defer cc.Close()
+	if o := cc.Options(); o.Protocol != 2 || !o.ContextTimeoutEnabled {
+		t.Errorf("asynq's cluster client options: %#v", o)
 	}
 }
 
