@@ -30,13 +30,16 @@ type Permit struct {
 	handedOff   bool // its seat went to a local waiter: a retried Release only releases
 	isLost      bool
 	lostOnce    sync.Once
-	lost        chan struct{}
-	counted     bool // still counted as active by the Observer
-	renewCancel context.CancelFunc
-	renewDone   chan struct{}
+	lost        context.Context // done once the seat is known lost
+	markedLost  context.CancelFunc
+	counted     bool               // still counted as active by the Observer
+	renewTimer  *time.Timer        // the next renewal; nil when auto-renew is off
+	renewCancel context.CancelFunc // cancels the renewal on the wire; nil when none is
+	renewDone   chan struct{}      // closed when the renewal on the wire ends
 }
 
 func newPermit(s *Service, req request, res attemptResult) *Permit {
+	lost, markedLost := context.WithCancel(context.Background())
 	return &Permit{
 		s:          s,
 		key:        req.key,
@@ -48,7 +51,8 @@ func newPermit(s *Service, req request, res attemptResult) *Permit {
 		ttl:        req.cfg.ttl,
 		expiresAt:  res.now.Add(req.cfg.ttl),
 		deadline:   res.sent.Add(req.cfg.ttl),
-		lost:       make(chan struct{}),
+		lost:       lost,
+		markedLost: markedLost,
 		counted:    true,
 	}
 }
@@ -63,6 +67,7 @@ func (s *Service) handedPermit(req request) *Permit {
 	if us, known := s.clock.now(); known {
 		now = time.UnixMicro(us)
 	}
+	lost, markedLost := context.WithCancel(context.Background())
 	return &Permit{
 		s:          s,
 		key:        req.key,
@@ -75,7 +80,8 @@ func (s *Service) handedPermit(req request) *Permit {
 		ttl:        req.cfg.ttl,
 		expiresAt:  now.Add(req.cfg.ttl),
 		deadline:   local.Add(req.cfg.ttl), // the store's lease starts later
-		lost:       make(chan struct{}),
+		lost:       lost,
+		markedLost: markedLost,
 	}
 }
 
@@ -150,7 +156,15 @@ func (p *Permit) ExpiresAt() time.Time {
 // auto-renewal or Extend found it expired or force-released, or renewal
 // could not reach the store until shortly before the lease could run out
 // (see lostMargin).
-func (p *Permit) Lost() <-chan struct{} { return p.lost }
+func (p *Permit) Lost() <-chan struct{} { return p.lost.Done() }
+
+// AfterLost arranges for f to run in its own goroutine once the permit is
+// lost (when Lost is closed), at once if it already is. Calling stop undoes
+// that; it reports whether it did (false once f has been started). Unlike a
+// goroutine waiting on Lost, it costs nothing while the seat is held.
+func (p *Permit) AfterLost(f func()) (stop func() bool) {
+	return context.AfterFunc(p.lost, f)
+}
 
 // Release gives the seat back. It is idempotent: a second call does nothing
 // and returns nil. It returns ErrPermitNotHeld when the seat was already
@@ -273,21 +287,21 @@ func (p *Permit) IsHeld(ctx context.Context) (bool, error) {
 // markLost closes Lost once and tells the Observer.
 func (p *Permit) markLost() {
 	p.lostOnce.Do(func() {
-		// Renewal ends with the seat: stop it before anyone sees Lost.
+		// Renewal ends with the seat: stop it before anyone sees Lost. A
+		// renewal on the wire (the caller, when it found the seat gone)
+		// ends by itself.
 		p.mu.Lock()
 		p.isLost = true
-		cancel := p.renewCancel
-		p.renewCancel, p.renewDone = nil, nil
+		timer := p.renewTimer
+		p.renewTimer = nil
 		counted := p.counted
 		p.counted = false
 		p.mu.Unlock()
-		if cancel != nil {
-			cancel()
-			p.s.mu.Lock()
-			delete(p.s.renewing, p)
-			p.s.mu.Unlock()
+		if timer != nil {
+			timer.Stop()
+			p.s.forgetRenewal(p)
 		}
-		close(p.lost)
+		p.markedLost()
 		p.s.log.Warn("semaphore: seat lost", "key", p.key, "permit", p.id)
 		if obs := p.s.obs; obs != nil {
 			obs.Lost(p.key)
@@ -306,106 +320,116 @@ func lostMargin(ttl time.Duration) time.Duration {
 	return min(max(ttl/10, 50*time.Millisecond), ttl/3)
 }
 
-// renewEnded clears the renewal state when the renewal goroutine ends by
-// itself (the seat is lost).
-func (p *Permit) renewEnded(done chan struct{}) {
-	p.mu.Lock()
-	mine := p.renewDone == done
-	if mine {
-		p.renewCancel, p.renewDone = nil, nil
-	}
-	p.mu.Unlock()
-	if mine {
-		p.s.mu.Lock()
-		delete(p.s.renewing, p)
-		p.s.mu.Unlock()
-	}
-}
-
 // IsAutoRenewing reports whether auto-renewal is running.
 func (p *Permit) IsAutoRenewing() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.renewCancel != nil
+	return p.renewTimer != nil
 }
 
-// StopAutoRenew stops auto-renewal and waits for it to end; the lease then
-// runs out at ExpiresAt unless extended or released.
+// StopAutoRenew stops auto-renewal and waits for a renewal on the wire to
+// end; the lease then runs out at ExpiresAt unless extended or released.
 func (p *Permit) StopAutoRenew() {
-	p.s.mu.Lock()
-	delete(p.s.renewing, p)
-	p.s.mu.Unlock()
+	p.s.forgetRenewal(p)
 	p.stopRenew()
 }
 
 func (p *Permit) stopRenew() {
 	p.mu.Lock()
-	cancel, done := p.renewCancel, p.renewDone
-	p.renewCancel, p.renewDone = nil, nil
+	timer, cancel, done := p.renewTimer, p.renewCancel, p.renewDone
+	p.renewTimer = nil
 	p.mu.Unlock()
+	if timer != nil {
+		timer.Stop()
+	}
 	if cancel != nil {
 		cancel()
 		<-done
 	}
 }
 
-// startRenew starts p's auto-renewal, unless the Service is closed.
+// startRenew starts p's auto-renewal, unless the Service is closed. A
+// timer renews the lease about every TTL/3: no goroutine waits while the
+// seat is held.
 func (s *Service) startRenew(p *Permit) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
 	s.mu.Lock()
 	if s.isClosed() {
 		s.mu.Unlock()
-		cancel()
 		return
 	}
 	s.renewing[p] = struct{}{}
 	s.mu.Unlock()
 	p.mu.Lock()
-	p.renewCancel, p.renewDone = cancel, done
+	// Close may have come between: it stops the renewals it finds, so
+	// none may start after it.
+	if !p.released && !p.isLost && !s.isClosed() {
+		p.renewTimer = time.AfterFunc(p.ttl/3, p.renewNow) // runs once p.mu is free
+	}
 	p.mu.Unlock()
-	go p.renew(ctx, done)
 }
 
-// renew extends the lease about every TTL/3. When an extension finds the
-// seat gone, or the store stays out of reach until the lease surely ran
-// out, it closes Lost and stops.
-func (p *Permit) renew(ctx context.Context, done chan struct{}) {
-	defer close(done)
-	defer p.renewEnded(done)
-	interval := p.TTL() / 3
-	for {
-		t := time.NewTimer(interval)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		p.mu.Lock()
-		// Give up a lost-margin before the lease could run out on the
-		// store, so that the holder can stop its work before another
-		// process may take the seat.
-		giveUp := p.deadline.Add(-lostMargin(p.ttl))
+// forgetRenewal drops p from the permits Close stops renewing.
+func (s *Service) forgetRenewal(p *Permit) {
+	s.mu.Lock()
+	delete(s.renewing, p)
+	s.mu.Unlock()
+}
+
+// renewNow is the renewal timer's work: extend the lease once, then set
+// the timer for the next, unless renewal was stopped meanwhile or ends
+// here.
+func (p *Permit) renewNow() {
+	p.mu.Lock()
+	timer := p.renewTimer
+	if timer == nil || p.renewDone != nil {
 		p.mu.Unlock()
-		callCtx, cancel := context.WithDeadline(ctx, giveUp)
-		err := p.Extend(callCtx, p.TTL())
-		cancel()
-		switch {
-		case err == nil:
-			interval = p.TTL() / 3
-		case errors.Is(err, ErrExtension):
-			return // markLost already ran
-		case ctx.Err() != nil:
-			return
-		default:
-			if !time.Now().Before(giveUp) {
-				p.s.log.Warn("semaphore: could not renew the lease in time; the seat counts as lost", "key", p.key, "permit", p.id, "err", err)
-				p.markLost()
-				return
-			}
-			p.s.log.Warn("semaphore: lease renewal failed; retrying", "key", p.key, "permit", p.id, "err", err)
-			interval = min(p.TTL()/10, time.Until(giveUp)) + time.Millisecond
-		}
+		return // stopped
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	p.renewCancel, p.renewDone = cancel, done
+	// Give up a lost-margin before the lease could run out on the store,
+	// so that the holder can stop its work before another process may take
+	// the seat.
+	giveUp := p.deadline.Add(-lostMargin(p.ttl))
+	p.mu.Unlock()
+
+	next, again := p.renewOnce(ctx, giveUp)
+	cancel()
+	p.mu.Lock()
+	p.renewCancel, p.renewDone = nil, nil
+	mine := p.renewTimer == timer
+	if mine && again {
+		timer.Reset(next)
+	} else if mine {
+		p.renewTimer = nil
+	}
+	p.mu.Unlock()
+	close(done)
+	if mine && !again {
+		p.s.forgetRenewal(p)
+	}
+}
+
+// renewOnce extends the lease; it says when to try next, or false when
+// renewal ends (the seat is lost, or renewal was stopped).
+func (p *Permit) renewOnce(ctx context.Context, giveUp time.Time) (time.Duration, bool) {
+	callCtx, cancel := context.WithDeadline(ctx, giveUp)
+	err := p.Extend(callCtx, p.TTL())
+	cancel()
+	switch {
+	case err == nil:
+		return p.TTL() / 3, true
+	case errors.Is(err, ErrExtension):
+		return 0, false // markLost already ran
+	case ctx.Err() != nil:
+		return 0, false
+	case !time.Now().Before(giveUp):
+		p.s.log.Warn("semaphore: could not renew the lease in time; the seat counts as lost", "key", p.key, "permit", p.id, "err", err)
+		p.markLost()
+		return 0, false
+	default:
+		p.s.log.Warn("semaphore: lease renewal failed; retrying", "key", p.key, "permit", p.id, "err", err)
+		return min(p.TTL()/10, time.Until(giveUp)) + time.Millisecond, true
 	}
 }

@@ -320,13 +320,14 @@ func (s *Service) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.closed)
 		s.mu.Lock()
-		for p := range s.renewing {
-			p.stopRenew()
-		}
+		renewing := s.renewing
 		s.renewing = map[*Permit]struct{}{}
 		wake := s.wake
 		s.wake = nil
 		s.mu.Unlock()
+		for p := range renewing {
+			p.stopRenew() // not under s.mu: a renewal ending may take it
+		}
 		if wake != nil {
 			_ = wake.Close() // only closes our own subscription connection
 		}

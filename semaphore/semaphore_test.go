@@ -461,8 +461,16 @@ func TestAutoRenew(t *testing.T) {
 	}
 	waitfor.Condition(t, 5*time.Second, "lease lapses once renewal stops", func() bool { return used(t, s, key) == 0 })
 
-	// Lost() closes when renewal finds the seat gone.
-	q := mustAcquire(t, s, key, 1, semaphore.WithTTL(150*time.Millisecond), semaphore.WithAutoRenew())
+	// Lost() closes, and AfterLost runs its function, when renewal finds
+	// the seat gone; a function stopped before does not run.
+	q := mustAcquire(t, s, key, 2, semaphore.WithTTL(150*time.Millisecond), semaphore.WithAutoRenew())
+	r := mustAcquire(t, s, key, 2, semaphore.WithTTL(150*time.Millisecond), semaphore.WithAutoRenew())
+	ran := make(chan struct{})
+	q.AfterLost(func() { close(ran) })
+	var stoppedRan atomic.Bool
+	if stop := r.AfterLost(func() { stoppedRan.Store(true) }); !stop() {
+		t.Fatal("AfterLost's stop did not stop a function before the loss")
+	}
 	if _, err := s.ForceReleaseAll(ctx, key); err != nil {
 		t.Fatal(err)
 	}
@@ -470,6 +478,28 @@ func TestAutoRenew(t *testing.T) {
 	case <-q.Lost():
 	case <-time.After(5 * time.Second):
 		t.Fatal("Lost() not closed after the seat was force-released")
+	}
+	select {
+	case <-ran:
+	case <-time.After(5 * time.Second):
+		t.Fatal("AfterLost's function did not run after the seat was lost")
+	}
+	select {
+	case <-r.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Lost() of the second permit not closed after the force-release")
+	}
+	if stoppedRan.Load() {
+		t.Fatal("a stopped AfterLost function ran")
+	}
+	late := make(chan struct{})
+	if stop := q.AfterLost(func() { close(late) }); stop() {
+		t.Fatal("stop reports stopping a function on a permit already lost")
+	}
+	select {
+	case <-late:
+	case <-time.After(5 * time.Second):
+		t.Fatal("AfterLost on a lost permit did not run its function")
 	}
 	if q.IsAutoRenewing() {
 		t.Fatal("renewal goes on after the seat was lost")

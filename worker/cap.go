@@ -440,19 +440,15 @@ func (w *Worker) runHolding(ctx context.Context, taskType string, t *asynq.Task,
 	}
 	hctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stop := make(chan struct{})
 	var lostMu sync.Mutex
 	var lostKey string
-	var watchers sync.WaitGroup
-	for _, hs := range held {
-		watchers.Add(1)
-		go func() {
-			defer watchers.Done()
-			select {
-			case <-hs.permit.Lost():
-			case <-stop:
-				return
-			}
+	// onLost runs only when a seat is lost: nothing waits while it is held.
+	var onLost sync.WaitGroup
+	stops := make([]func() bool, len(held))
+	for i, hs := range held {
+		onLost.Add(1)
+		stops[i] = hs.permit.AfterLost(func() {
+			defer onLost.Done()
 			lostMu.Lock()
 			lostKey = hs.key
 			lostMu.Unlock()
@@ -466,11 +462,15 @@ func (w *Worker) runHolding(ctx context.Context, taskType string, t *asynq.Task,
 			}
 			w.log.Warn("worker: lease lost; cancelling the task", "key", hs.key, "type", taskType, "id", taskID)
 			cancel(fmt.Errorf("fleetcap: lease of %q lost", hs.key))
-		}()
+		})
 	}
 	err := h.ProcessTask(hctx, t)
-	close(stop)
-	watchers.Wait()
+	for _, stop := range stops {
+		if stop() {
+			onLost.Done()
+		}
+	}
+	onLost.Wait()
 	for _, hs := range held {
 		w.release(ctx, hs.key, hs.permit)
 		if hs.spec.tmpl.IsTemplate() {
