@@ -31,8 +31,13 @@ type fleetRun struct {
 	statsStart map[string]int64 // with BENCH_CMDSTATS
 }
 
-// probeBinary builds the probe worker once per bench run.
+// probeBinary builds the probe worker once per bench run, or takes the one
+// BENCH_PROBE names (to compare two builds on the same machine minutes
+// apart).
 var probeBinary = sync.OnceValues(func() (string, error) {
+	if path := os.Getenv("BENCH_PROBE"); path != "" {
+		return path, nil
+	}
 	dir, err := os.MkdirTemp("", "fleetcap-bench-")
 	if err != nil {
 		return "", err
