@@ -56,12 +56,8 @@ func TestParkAndWake(t *testing.T) {
 // TestHandOverWakesParked: a seat handed to a local waiter is a release
 // too: it wakes a parked token, to refill the waiters.
 func TestHandOverWakesParked(t *testing.T) {
-	srv := redistest.Start(t)
+	s, woken := newWakingService(t)
 	ctx := context.Background()
-	woken := make(chan string, 4)
-	s := newService(t, srv.Client(), func(o *semaphore.Options) {
-		o.OnWake = func(key, token string) { woken <- token }
-	})
 	key := uniqueKey(t)
 	p := mustAcquire(t, s, key, 1)
 	got := make(chan *semaphore.Permit, 1)
@@ -91,4 +87,47 @@ func TestHandOverWakesParked(t *testing.T) {
 	if q != nil {
 		_ = q.Release(ctx)
 	}
+}
+
+// TestForceReleaseWakesParked: a force-release hands on a parked token for
+// every seat it frees, so parked work does not wait for its retry delay.
+func TestForceReleaseWakesParked(t *testing.T) {
+	s, woken := newWakingService(t)
+	ctx := context.Background()
+	key := uniqueKey(t)
+	mustAcquire(t, s, key, 2)
+	mustAcquire(t, s, key, 2)
+	for _, token := range []string{"first", "second", "third"} {
+		if parked, err := s.Park(ctx, key, 2, token, time.Minute); err != nil || !parked {
+			t.Fatalf("Park %s = %v, %v", token, parked, err)
+		}
+	}
+	if n, err := s.ForceReleaseAll(ctx, key); err != nil || n != 2 {
+		t.Fatalf("ForceReleaseAll = %d, %v; want 2", n, err)
+	}
+	got := map[string]bool{}
+	for range 2 {
+		select {
+		case token := <-woken:
+			got[token] = true
+		case <-time.After(5 * time.Second):
+			t.Fatalf("woke %v after the force-release; want first and second", got)
+		}
+	}
+	if !got["first"] || !got["second"] {
+		t.Fatalf("woke %v; want first and second", got)
+	}
+	if token, err := s.Unpark(ctx, key); err != nil || token != "third" {
+		t.Fatalf("Unpark = %q, %v; want third still parked", token, err)
+	}
+}
+
+// newWakingService is a Service on a redis-server of its own whose OnWake
+// sends the tokens it is handed to woken.
+func newWakingService(t *testing.T) (s *semaphore.Service, woken chan string) {
+	woken = make(chan string, 4)
+	s = newService(t, redistest.Start(t).Client(), func(o *semaphore.Options) {
+		o.OnWake = func(key, token string) { woken <- token }
+	})
+	return s, woken
 }

@@ -296,18 +296,30 @@ func (s *Service) woke(key, token string) {
 
 // ForceReleaseAll frees every seat of key and returns how many live holders
 // it displaced. Their Release returns ErrPermitNotHeld, their Extend
-// ErrExtension.
+// ErrExtension. Waiters are woken, and with Options.OnWake a parked token
+// is handed on for every seat freed.
 func (s *Service) ForceReleaseAll(ctx context.Context, key string) (int, error) {
 	if err := checkKey(key); err != nil {
 		return 0, err
 	}
 	k := s.keysFor(key)
-	n, err := forceReleaseScript.Run(ctx, s.rdb, []string{k.holders, k.queue}, s.wakePrefix(), key).Int()
+	vals, err := forceReleaseScript.Run(ctx, s.rdb, []string{k.holders, k.queue, k.parked}, s.wakePrefix(), key, s.wakeFlag()).Slice()
 	if err != nil {
 		return 0, fmt.Errorf("semaphore: force release of %q: %w", key, err)
 	}
+	if len(vals) == 0 {
+		return 0, fmt.Errorf("semaphore: force release script replied nothing")
+	}
+	n, err := replyInt(vals[0])
+	if err != nil {
+		return 0, err
+	}
 	s.log.Warn("semaphore: force-released every seat", "key", key, "displaced", n)
-	return n, nil
+	for _, v := range vals[1:] {
+		token, _ := v.(string)
+		s.woke(key, token)
+	}
+	return int(n), nil
 }
 
 // Close shuts the Service down. It does not release held permits (their work

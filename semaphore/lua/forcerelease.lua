@@ -1,18 +1,32 @@
--- forcerelease.lua: free every seat of a semaphore and wake every waiter.
+-- forcerelease.lua: free every seat of a semaphore, wake every waiter, and
+-- take a parked token (see park.lua) for every seat freed.
 --
 -- KEYS[1] holders  ZSET member -> lease expiry (server ms)
 -- KEYS[2] queue    ZSET waiter entry -> ticket
+-- KEYS[3] parked   LIST of tokens
 -- ARGV[1] wake channel prefix (the entry's name is appended)
 -- ARGV[2] the semaphore key, sent as the wake message
+-- ARGV[3] '1' to take parked tokens (the Service hands them on)
 --
--- Reply: how many live (unexpired) holders were displaced.
+-- Reply: {how many live (unexpired) holders were displaced, the parked
+--         tokens taken...}. Seats whose lease had run out count as freed
+--         too: nobody released them, so nothing woke their parked tasks.
 
 local holders, queue = KEYS[1], KEYS[2]
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local live = redis.call('ZCOUNT', holders, '(' .. now, '+inf')
+local freed = redis.call('ZCARD', holders)
 redis.call('DEL', holders)
 for _, e in ipairs(redis.call('ZRANGE', queue, 0, -1)) do
   redis.call('PUBLISH', ARGV[1] .. e, ARGV[2])
 end
-return live
+local reply = {live}
+if ARGV[3] == '1' then
+  for _ = 1, freed do
+    local token = redis.call('LPOP', KEYS[3])
+    if not token then break end
+    reply[#reply + 1] = token
+  end
+end
+return reply
