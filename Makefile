@@ -17,15 +17,15 @@ deps: ## install what the tests need (redis-server, redis-sentinel, chromium) wh
 	@scripts/install-deps.sh
 
 .PHONY: test
+# One package at a time (-p 1): the fleet tests time what worker processes
+# do, and on two cores another package's tests running alongside slowed them
+# past their limits.
 test: deps ## run every test with the race detector (starts private redis-servers)
-	# One package at a time (-p 1): the fleet tests time what worker
-	# processes do, and on two cores another package's tests running
-	# alongside slowed them past their limits.
 	$(GO) test -race -count=1 -p 1 -timeout 30m ./...
 
 .PHONY: test-short
 test-short: deps ## the tests without the slow fault tests
-	$(GO) test -race -count=1 -short ./...
+	$(GO) test -race -count=1 -p 1 -short ./...
 
 .PHONY: fuzz
 fuzz: ## run each fuzz test for FUZZTIME (default 10s)
