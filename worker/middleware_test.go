@@ -344,3 +344,22 @@ func TestIsFailureAndRetryDelay(t *testing.T) {
 		t.Fatalf("failure delay %s", d)
 	}
 }
+
+// TestRunStoppedBeforeItServes: a worker told to stop before it reached
+// Redis (SIGTERM during start-up) ends without an error.
+func TestRunStoppedBeforeItServes(t *testing.T) {
+	srv := redistest.Start(t)
+	cfg, err := worker.ParseConfig([]byte(fmt.Sprintf("redis:\n  url: %q\n", srv.URL())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := worker.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := w.Run(ctx); err != nil {
+		t.Fatalf("Run with a context already done = %v, want nil", err)
+	}
+}

@@ -250,6 +250,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer w.Close()
 
 	if err := w.Ping(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // told to stop before it served anything
+		}
 		return fmt.Errorf("worker: redis: %w", err)
 	}
 	srv := asynq.NewServer(w.connOpt, w.asynqConfig())
