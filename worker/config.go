@@ -25,7 +25,9 @@ type RedisConfig struct {
 	// URL is a redis://, rediss:// (TLS) or redis-sentinel:// URL; default ""
 	// (embedded). FLEETCAP_REDIS_URL overrides it.
 	URL string `yaml:"url"`
-	// ClusterAddrs are Redis Cluster seed nodes (host:port); default none.
+	// ClusterAddrs are Redis Cluster seed nodes: host:port, or redis:// or
+	// rediss:// URLs when the cluster needs a login or TLS (every seed with
+	// the same scheme, user and password); default none.
 	ClusterAddrs []string `yaml:"cluster_addrs"`
 	// EmbeddedAddr is where the embedded Redis listens; default 127.0.0.1:6380.
 	EmbeddedAddr string `yaml:"embedded_addr"`

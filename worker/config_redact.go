@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 )
 
 // redacted replaces a secret in String and GoString output.
@@ -12,12 +13,32 @@ const redacted = "xxxxx"
 // String formats the section with the URL's passwords masked, so that a
 // logged or printed config never shows them.
 func (r RedisConfig) String() string {
-	return fmt.Sprintf("{url:%s cluster_addrs:%v embedded_addr:%s}", redactURL(r.URL), r.ClusterAddrs, r.EmbeddedAddr)
+	return fmt.Sprintf("{url:%s cluster_addrs:%v embedded_addr:%s}", redactURL(r.URL), redactSeeds(r.ClusterAddrs), r.EmbeddedAddr)
 }
 
 // GoString is String for %#v.
 func (r RedisConfig) GoString() string {
-	return fmt.Sprintf("worker.RedisConfig{URL:%q, ClusterAddrs:%#v, EmbeddedAddr:%q}", redactURL(r.URL), r.ClusterAddrs, r.EmbeddedAddr)
+	return fmt.Sprintf("worker.RedisConfig{URL:%q, ClusterAddrs:%#v, EmbeddedAddr:%q}", redactURL(r.URL), redactSeeds(r.ClusterAddrs), r.EmbeddedAddr)
+}
+
+// redactSeeds masks the passwords of cluster_addrs entries that are URLs,
+// and hides whole any other entry with a user part (a mistyped URL).
+func redactSeeds(seeds []string) []string {
+	if seeds == nil {
+		return nil
+	}
+	out := make([]string, len(seeds))
+	for i, s := range seeds {
+		switch {
+		case strings.Contains(s, "://"):
+			out[i] = redactURL(s)
+		case strings.Contains(s, "@"):
+			out[i] = redacted
+		default:
+			out[i] = s
+		}
+	}
+	return out
 }
 
 // String formats the section with the admin token masked.

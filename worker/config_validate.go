@@ -44,9 +44,12 @@ func (c *Config) validateRedis(v *validator) {
 			v.add("redis.url", "%v", err)
 		}
 	}
-	for i, a := range r.ClusterAddrs {
-		if err := checkHostPort(a, 1); err != nil {
-			v.add(fmt.Sprintf("redis.cluster_addrs[%d]", i), "%v", err)
+	if len(r.ClusterAddrs) > 0 {
+		var serr *seedError
+		if _, err := parseClusterSeeds(r.ClusterAddrs); errors.As(err, &serr) {
+			v.add(fmt.Sprintf("redis.cluster_addrs[%d]", serr.index), "%v", serr.err)
+		} else if err != nil {
+			v.add("redis.cluster_addrs", "%v", err)
 		}
 	}
 	if r.Embedded() {

@@ -74,7 +74,14 @@ func (t redisTarget) newClient() redis.UniversalClient {
 			TLSConfig:             t.tlsConfig(),
 		})
 	case kindCluster:
-		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: t.addrs, ContextTimeoutEnabled: true, Protocol: 2})
+		return redis.NewClusterClient(&redis.ClusterOptions{
+			ContextTimeoutEnabled: true,
+			Protocol:              2,
+			Addrs:                 t.addrs,
+			Username:              t.username,
+			Password:              t.password,
+			TLSConfig:             t.tlsConfig(),
+		})
 	default:
 		return redis.NewClient(&redis.Options{
 			ContextTimeoutEnabled: true,
@@ -132,7 +139,7 @@ func (r RedisConfig) target() (redisTarget, error) {
 	case r.URL != "" && len(r.ClusterAddrs) > 0:
 		return redisTarget{}, errors.New("redis: set either url or cluster_addrs, not both")
 	case len(r.ClusterAddrs) > 0:
-		return redisTarget{kind: kindCluster, addrs: append([]string(nil), r.ClusterAddrs...)}, nil
+		return parseClusterSeeds(r.ClusterAddrs)
 	case r.URL != "":
 		t, err := parseRedisURL(r.URL)
 		if err != nil {
@@ -145,6 +152,56 @@ func (r RedisConfig) target() (redisTarget, error) {
 		addr = DefaultEmbeddedAddr
 	}
 	return redisTarget{kind: kindSingle, addrs: []string{addr}}, nil
+}
+
+// seedError is a bad cluster_addrs entry; its index names the field.
+type seedError struct {
+	index int
+	err   error
+}
+
+func (e *seedError) Error() string { return fmt.Sprintf("cluster_addrs[%d]: %v", e.index, e.err) }
+
+// parseClusterSeeds parses cluster_addrs. An entry is host:port, or a
+// redis:// or rediss:// URL ([user:password@]host[:port]) for a cluster
+// that needs a login or TLS; URL entries must agree on scheme, user and
+// password (one login for the whole cluster). With TLS each node's
+// certificate is checked against that node's own host name.
+func parseClusterSeeds(seeds []string) (redisTarget, error) {
+	t := redisTarget{kind: kindCluster}
+	for i, seed := range seeds {
+		s, err := parseClusterSeed(seed)
+		if err != nil {
+			return redisTarget{}, &seedError{i, err}
+		}
+		if i > 0 && (s.tls != t.tls || s.username != t.username || s.password != t.password) {
+			return redisTarget{}, &seedError{i, errors.New("every seed must have the scheme, user and password of cluster_addrs[0]")}
+		}
+		t.addrs = append(t.addrs, s.addrs[0])
+		t.tls, t.username, t.password = s.tls, s.username, s.password
+	}
+	return t, nil
+}
+
+func parseClusterSeed(seed string) (redisTarget, error) {
+	if !strings.Contains(seed, "://") {
+		// Not quoted: a mistyped URL may hold a password.
+		if checkHostPort(seed, 1) != nil {
+			return redisTarget{}, fmt.Errorf("want host:port or %s", urlShape)
+		}
+		return redisTarget{addrs: []string{seed}}, nil
+	}
+	s, err := parseRedisURL(seed)
+	switch {
+	case err != nil:
+		return redisTarget{}, err
+	case s.kind != kindSingle:
+		return redisTarget{}, errors.New("a cluster seed is host:port or a redis:// or rediss:// URL")
+	case s.db != 0:
+		return redisTarget{}, errors.New("a Redis Cluster has database 0 only")
+	}
+	s.serverName = "" // each node is checked by its own name
+	return s, nil
 }
 
 // urlShape is the accepted URL syntax, quoted in errors instead of the URL

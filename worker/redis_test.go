@@ -11,6 +11,7 @@ import (
 
 	"github.com/fleetcap/fleetcap/internal/redistest"
 	"github.com/fleetcap/fleetcap/internal/tcpproxy"
+	"github.com/fleetcap/fleetcap/semaphore"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 )
@@ -37,6 +38,8 @@ func TestRedisTarget(t *testing.T) {
 		{"sentinel asynq style", RedisConfig{URL: "redis-sentinel://s1?master=m&sentinel_username=su&sentinel_password=sp"},
 			redisTarget{kind: kindSentinel, master: "m", addrs: []string{"s1:26379"}, sentinelUsername: "su", sentinelPassword: "sp"}},
 		{"cluster", RedisConfig{ClusterAddrs: []string{"c1:7000", "c2:7001"}}, redisTarget{kind: kindCluster, addrs: []string{"c1:7000", "c2:7001"}}},
+		{"cluster with a login and TLS", RedisConfig{ClusterAddrs: []string{"rediss://u:pw@c1:7000", "rediss://u:pw@c2"}},
+			redisTarget{kind: kindCluster, addrs: []string{"c1:7000", "c2:6379"}, username: "u", password: "pw", tls: true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -78,8 +81,20 @@ func TestAsynqConnOptMakesOurClients(t *testing.T) {
 		t.Fatalf("MakeRedisClient() on a cluster is not a *redis.ClusterClient")
 	}
 	defer cc.Close()
-	if o := cc.Options(); o.Protocol != 2 || !o.ContextTimeoutEnabled {
+	if o := cc.Options(); o.Protocol != 2 || !o.ContextTimeoutEnabled || o.Username != "" || o.TLSConfig != nil {
 		t.Errorf("asynq's cluster client options: %#v", o)
+	}
+	opt, err = RedisConfig{ClusterAddrs: []string{"rediss://u:pw@c1:7000", "rediss://u:pw@c2:7000"}}.AsynqConnOpt()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, ok = opt.MakeRedisClient().(*redis.ClusterClient)
+	if !ok {
+		t.Fatalf("MakeRedisClient() on a cluster is not a *redis.ClusterClient")
+	}
+	defer cc.Close()
+	if o := cc.Options(); o.Username != "u" || o.Password != "pw" || o.TLSConfig == nil || o.TLSConfig.ServerName != "" {
+		t.Errorf("cluster client with a login and TLS: %#v", o)
 	}
 }
 
@@ -149,6 +164,13 @@ func TestSecretsNeverShown(t *testing.T) {
 		}
 		if _, err := cfg.NewClient(); err == nil || strings.Contains(err.Error(), "cret") {
 			t.Errorf("NewClient(%q) error = %v", u, err)
+		}
+		seeds := RedisConfig{ClusterAddrs: []string{"h:1", u}}
+		if _, err := seeds.NewClient(); err == nil || strings.Contains(err.Error(), "cret") {
+			t.Errorf("NewClient(cluster seed %q) error = %v", u, err)
+		}
+		if s := fmt.Sprintf("%v %#v", seeds, seeds); strings.Contains(s, "cret") {
+			t.Errorf("printed cluster seeds show the password: %s", s)
 		}
 		_, err := ParseConfig(fmt.Appendf(nil, "redis: {url: %q, cluster_addrs: [\"h:1\"]}\n", u))
 		if err == nil || strings.Contains(err.Error(), "cret") {
@@ -271,6 +293,69 @@ func TestRealRedisCluster(t *testing.T) {
 	defer client.Close()
 	if _, err := client.EnqueueContext(ctx, asynq.NewTask("test:cluster", nil)); err != nil {
 		t.Fatalf("asynq enqueue on the cluster: %v", err)
+	}
+}
+
+// TestRealRedisClusterWithACLUser: cluster_addrs given as URLs log in to
+// every node as their user, for the semaphore and for asynq alike.
+func TestRealRedisClusterWithACLUser(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts three redis-server processes")
+	}
+	cluster := redistest.StartCluster(t, 3)
+	ctx := context.Background()
+	var seeds []string
+	for _, n := range cluster.Nodes {
+		admin := n.Client()
+		if err := admin.Do(ctx, "ACL", "SETUSER", "alice", "on", ">s3cret", "~*", "&*", "+@all").Err(); err != nil {
+			t.Fatal(err)
+		}
+		// Only alice can log in from now on (the cluster bus needs no login).
+		if err := admin.Do(ctx, "ACL", "SETUSER", "default", "off").Err(); err != nil {
+			t.Fatal(err)
+		}
+		seeds = append(seeds, "redis://alice:s3cret@"+n.Addr())
+	}
+	cfg := RedisConfig{ClusterAddrs: seeds}
+	rdb, err := cfg.NewClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	for i := range 10 { // keys on every node
+		if err := rdb.Set(ctx, fmt.Sprintf("k%d", i), i, 0).Err(); err != nil {
+			t.Fatalf("SET as alice on the cluster: %v", err)
+		}
+	}
+	sem, err := semaphore.New(rdb, semaphore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+	p, err := sem.TryAcquire(ctx, "acl-cluster", 1)
+	if err != nil || p == nil {
+		t.Fatalf("TryAcquire as alice on the cluster: %v, %v", p, err)
+	}
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	opt, err := cfg.AsynqConnOpt()
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := asynq.NewClient(opt)
+	defer client.Close()
+	if _, err := client.EnqueueContext(ctx, asynq.NewTask("test:cluster-acl", nil)); err != nil {
+		t.Fatalf("asynq enqueue as alice on the cluster: %v", err)
+	}
+
+	wrong, err := RedisConfig{ClusterAddrs: []string{"redis://alice:n0tit@" + cluster.Nodes[0].Addr()}}.NewClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wrong.Close()
+	if err := wrong.Set(ctx, "k0", 0, 0).Err(); err == nil || strings.Contains(err.Error(), "n0tit") {
+		t.Errorf("SET with a wrong password: %v", err)
 	}
 }
 
