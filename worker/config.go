@@ -31,6 +31,20 @@ type RedisConfig struct {
 	ClusterAddrs []string `yaml:"cluster_addrs"`
 	// EmbeddedAddr is where the embedded Redis listens; default 127.0.0.1:6380.
 	EmbeddedAddr string `yaml:"embedded_addr"`
+	// TLS completes rediss:// connections (url or cluster_addrs) with a CA
+	// to trust and a client certificate; default none.
+	TLS RedisTLSConfig `yaml:"tls"`
+}
+
+// RedisTLSConfig names PEM files for TLS connections to Redis.
+type RedisTLSConfig struct {
+	// CAFile holds the CA certificates to trust instead of the system's;
+	// default "" (the system's).
+	CAFile string `yaml:"ca_file"`
+	// CertFile and KeyFile are the client certificate and its key, for a
+	// server that asks for one (tls-auth-clients); set both or neither.
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
 }
 
 // WorkerConfig tunes one worker process.

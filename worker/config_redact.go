@@ -13,12 +13,12 @@ const redacted = "xxxxx"
 // String formats the section with the URL's passwords masked, so that a
 // logged or printed config never shows them.
 func (r RedisConfig) String() string {
-	return fmt.Sprintf("{url:%s cluster_addrs:%v embedded_addr:%s}", redactURL(r.URL), redactSeeds(r.ClusterAddrs), r.EmbeddedAddr)
+	return fmt.Sprintf("{url:%s cluster_addrs:%v embedded_addr:%s tls:%+v}", redactURL(r.URL), redactSeeds(r.ClusterAddrs), r.EmbeddedAddr, r.TLS)
 }
 
 // GoString is String for %#v.
 func (r RedisConfig) GoString() string {
-	return fmt.Sprintf("worker.RedisConfig{URL:%q, ClusterAddrs:%#v, EmbeddedAddr:%q}", redactURL(r.URL), redactSeeds(r.ClusterAddrs), r.EmbeddedAddr)
+	return fmt.Sprintf("worker.RedisConfig{URL:%q, ClusterAddrs:%#v, EmbeddedAddr:%q, TLS:%#v}", redactURL(r.URL), redactSeeds(r.ClusterAddrs), r.EmbeddedAddr, r.TLS)
 }
 
 // redactSeeds masks the passwords of cluster_addrs entries that are URLs,

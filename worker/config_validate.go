@@ -52,6 +52,12 @@ func (c *Config) validateRedis(v *validator) {
 			v.add("redis.cluster_addrs", "%v", err)
 		}
 	}
+	if t, err := r.endpoint(); err == nil { // endpoint errors are reported above
+		var ferr *tlsFileError
+		if err := t.loadTLSFiles(r.TLS); errors.As(err, &ferr) {
+			v.add(strings.TrimSuffix("redis.tls."+ferr.field, "."), "%v", ferr.err)
+		}
+	}
 	if r.Embedded() {
 		if err := checkHostPort(r.EmbeddedAddr, 1); err != nil {
 			v.add("redis.embedded_addr", "%v", err)

@@ -2,10 +2,12 @@ package worker
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 
@@ -124,17 +126,79 @@ type redisTarget struct {
 	master             string // sentinel master name
 	sentinelUsername   string
 	sentinelPassword   string
+	rootCAs            *x509.CertPool    // nil: the system's
+	clientCerts        []tls.Certificate // presented when the server asks
 }
 
 func (t redisTarget) tlsConfig() *tls.Config {
 	if !t.tls {
 		return nil
 	}
-	return &tls.Config{ServerName: t.serverName, MinVersion: tls.VersionTLS12}
+	return &tls.Config{ServerName: t.serverName, MinVersion: tls.VersionTLS12, RootCAs: t.rootCAs, Certificates: t.clientCerts}
+}
+
+// tlsFileError is a bad redis.tls setting; field names it.
+type tlsFileError struct {
+	field string
+	err   error
+}
+
+func (e *tlsFileError) Error() string {
+	if e.field == "" {
+		return fmt.Sprintf("tls: %v", e.err)
+	}
+	return fmt.Sprintf("tls.%s: %v", e.field, e.err)
+}
+
+// loadTLSFiles reads the CA and client certificate files of c, which only
+// a rediss:// target may use.
+func (t *redisTarget) loadTLSFiles(c RedisTLSConfig) error {
+	if c == (RedisTLSConfig{}) {
+		return nil
+	}
+	if !t.tls {
+		return &tlsFileError{"", errors.New("set for a connection without TLS; use a rediss:// url or rediss:// cluster seeds")}
+	}
+	if c.CAFile != "" {
+		pem, err := os.ReadFile(c.CAFile)
+		if err != nil {
+			return &tlsFileError{"ca_file", err}
+		}
+		t.rootCAs = x509.NewCertPool()
+		if !t.rootCAs.AppendCertsFromPEM(pem) {
+			return &tlsFileError{"ca_file", fmt.Errorf("no PEM certificate in %s", c.CAFile)}
+		}
+	}
+	switch {
+	case c.CertFile == "" && c.KeyFile == "":
+	case c.CertFile == "":
+		return &tlsFileError{"cert_file", errors.New("key_file is set without it")}
+	case c.KeyFile == "":
+		return &tlsFileError{"key_file", errors.New("cert_file is set without it")}
+	default:
+		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+		if err != nil {
+			return &tlsFileError{"cert_file", err}
+		}
+		t.clientCerts = []tls.Certificate{cert}
+	}
+	return nil
 }
 
 // target parses the config into one connection setting.
 func (r RedisConfig) target() (redisTarget, error) {
+	t, err := r.endpoint()
+	if err != nil {
+		return redisTarget{}, err
+	}
+	if err := t.loadTLSFiles(r.TLS); err != nil {
+		return redisTarget{}, fmt.Errorf("redis.%w", err)
+	}
+	return t, nil
+}
+
+// endpoint parses where to connect, without the TLS files.
+func (r RedisConfig) endpoint() (redisTarget, error) {
 	switch {
 	case r.URL != "" && len(r.ClusterAddrs) > 0:
 		return redisTarget{}, errors.New("redis: set either url or cluster_addrs, not both")

@@ -359,6 +359,44 @@ func TestRealRedisClusterWithACLUser(t *testing.T) {
 	}
 }
 
+// TestRealRedisMutualTLS: redis.tls gives the CA to trust and the client
+// certificate a server with tls-auth-clients asks for, to the semaphore's
+// client and asynq's alike.
+func TestRealRedisMutualTLS(t *testing.T) {
+	srv := redistest.StartTLS(t, "alice", "tls-pw-91b2", true)
+	ctx := context.Background()
+	cfg := RedisConfig{URL: srv.URL(), TLS: RedisTLSConfig{CAFile: srv.CAFile, CertFile: srv.ClientCertFile, KeyFile: srv.ClientKeyFile}}
+	rdb, err := cfg.NewClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		t.Fatalf("ping with a client certificate: %v", err)
+	}
+	opt, err := cfg.AsynqConnOpt()
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := asynq.NewClient(opt)
+	defer client.Close()
+	if _, err := client.EnqueueContext(ctx, asynq.NewTask("test:mtls", nil)); err != nil {
+		t.Fatalf("asynq enqueue with a client certificate: %v", err)
+	}
+
+	// Without the certificate the server refuses the connection.
+	noCert, err := RedisConfig{URL: srv.URL(), TLS: RedisTLSConfig{CAFile: srv.CAFile}}.NewClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer noCert.Close()
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := noCert.Ping(pctx).Err(); err == nil {
+		t.Error("ping without a client certificate succeeded")
+	}
+}
+
 func TestStartEmbedded(t *testing.T) {
 	addr := net.JoinHostPort("127.0.0.1", fmt.Sprint(redistest.FreePort(t)))
 	m, err := StartEmbedded(addr)
