@@ -362,7 +362,7 @@ func (s *Service) startRenew(p *Permit) {
 	p.mu.Lock()
 	// Close may have come between: it stops the renewals it finds, so
 	// none may start after it.
-	if !p.released && !p.isLost && !s.isClosed() {
+	if !p.released && !p.isLost && p.renewTimer == nil && !s.isClosed() {
 		p.renewTimer = time.AfterFunc(p.ttl/3, p.renewNow) // runs once p.mu is free
 	}
 	p.mu.Unlock()
