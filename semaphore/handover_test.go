@@ -98,16 +98,7 @@ func TestLocalHandOverMovesTheSeat(t *testing.T) {
 	key := uniqueKey(t)
 	p := mustAcquire(t, s, key, 1, semaphore.WithHolder("first"))
 
-	got := make(chan *semaphore.Permit, 1)
-	go func() {
-		q, err := s.Acquire(ctx, key, 1, semaphore.WithHolder("second"), semaphore.WithTTL(300*time.Millisecond),
-			semaphore.WithAutoRenew(), semaphore.WithWaitTimeout(10*time.Second))
-		if err != nil {
-			t.Error(err)
-		}
-		got <- q
-	}()
-	waitfor.Condition(t, 5*time.Second, "waiter in line", func() bool { return s.LocalWaiters(key) == 1 })
+	got := acquireInLine(t, s, key, semaphore.WithHolder("second"), semaphore.WithTTL(300*time.Millisecond), semaphore.WithAutoRenew())
 	if err := p.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -159,15 +150,7 @@ func TestLocalHandOverOfALostSeat(t *testing.T) {
 	key := uniqueKey(t)
 	p := mustAcquire(t, s, key, 1)
 
-	got := make(chan *semaphore.Permit, 1)
-	go func() {
-		q, err := s.Acquire(ctx, key, 1, semaphore.WithWaitTimeout(10*time.Second))
-		if err != nil {
-			t.Error(err)
-		}
-		got <- q
-	}()
-	waitfor.Condition(t, 5*time.Second, "waiter in line", func() bool { return s.LocalWaiters(key) == 1 })
+	got := acquireInLine(t, s, key)
 	raw := srv.Client()
 	if err := raw.ZRem(ctx, holdersKey(key), p.ID()).Err(); err != nil {
 		t.Fatal(err)

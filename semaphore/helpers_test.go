@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetcap/fleetcap/internal/waitfor"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
@@ -90,4 +91,36 @@ func fillAllSeats(t *testing.T, services []*semaphore.Service, key string, capac
 			t.Fatalf("%d seats of %q could not all be held at once: %v", capacity, key, err)
 		}
 	}
+}
+
+// acquireInLine starts an Acquire of one seat of key (capacity 1) in the
+// background and waits until it stands in s's local line; the permit (nil
+// on error, reported) comes on the channel.
+func acquireInLine(t *testing.T, s *semaphore.Service, key string, opts ...semaphore.AcquireOption) <-chan *semaphore.Permit {
+	t.Helper()
+	got := make(chan *semaphore.Permit, 1)
+	go func() {
+		q, err := s.Acquire(context.Background(), key, 1, append([]semaphore.AcquireOption{semaphore.WithWaitTimeout(10 * time.Second)}, opts...)...)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- q
+	}()
+	waitfor.Condition(t, 5*time.Second, "waiter in line", func() bool { return s.LocalWaiters(key) == 1 })
+	return got
+}
+
+// serverClockPasses waits until the Redis server's clock has moved d past
+// its reading now.
+func serverClockPasses(t *testing.T, rdb redis.UniversalClient, d time.Duration) {
+	t.Helper()
+	now := func() time.Time {
+		tm, err := rdb.Time(context.Background()).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tm
+	}
+	until := now().Add(d)
+	waitfor.Condition(t, 5*time.Second, "server clock moves on", func() bool { return !now().Before(until) })
 }

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/fleetcap/fleetcap/internal/redistest"
-	"github.com/fleetcap/fleetcap/internal/waitfor"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
@@ -60,15 +59,7 @@ func TestHandOverWakesParked(t *testing.T) {
 	ctx := context.Background()
 	key := uniqueKey(t)
 	p := mustAcquire(t, s, key, 1)
-	got := make(chan *semaphore.Permit, 1)
-	go func() {
-		q, err := s.Acquire(ctx, key, 1, semaphore.WithWaitTimeout(10*time.Second))
-		if err != nil {
-			t.Error(err)
-		}
-		got <- q
-	}()
-	waitfor.Condition(t, 5*time.Second, "waiter in line", func() bool { return s.LocalWaiters(key) == 1 })
+	got := acquireInLine(t, s, key)
 	if parked, err := s.Park(ctx, key, 1, "parked", time.Minute); err != nil || !parked {
 		t.Fatalf("Park = %v, %v", parked, err)
 	}
