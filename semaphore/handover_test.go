@@ -28,7 +28,7 @@ func TestLocalHandOverKeepsTheCap(t *testing.T) {
 	key := uniqueKey(t)
 	services := []*semaphore.Service{newService(t, srv.Client()), newService(t, srv.Client())}
 
-	var inflight, maxInflight, storeMax atomic.Int64
+	var storeMax atomic.Int64
 	stop := make(chan struct{})
 	watched := make(chan struct{})
 	go func() { // the store's own count, polled for the whole run
@@ -47,33 +47,10 @@ func TestLocalHandOverKeepsTheCap(t *testing.T) {
 		}
 	}()
 
-	var wg sync.WaitGroup
-	for _, s := range services {
-		for range perService {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for range rounds {
-					err := s.WithPermit(context.Background(), key, capacity, func(context.Context) error {
-						n := inflight.Add(1)
-						for m := maxInflight.Load(); n > m && !maxInflight.CompareAndSwap(m, n); m = maxInflight.Load() {
-						}
-						time.Sleep(time.Millisecond)
-						inflight.Add(-1)
-						return nil
-					}, semaphore.WithWaitTimeout(30*time.Second))
-					if err != nil {
-						t.Error(err)
-						return
-					}
-				}
-			}()
-		}
-	}
-	wg.Wait()
+	seats := cycles(t, services, perService, rounds, capacity, func(int) string { return key }, func() { time.Sleep(time.Millisecond) })
 	close(stop)
 	<-watched
-	if m := maxInflight.Load(); m > capacity {
+	if m := seats.peakOf(key); m > capacity {
 		t.Fatalf("cap exceeded: %d ran at once, capacity %d", m, capacity)
 	}
 	if m := storeMax.Load(); m > capacity {

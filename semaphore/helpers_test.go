@@ -124,3 +124,63 @@ func serverClockPasses(t *testing.T, rdb redis.UniversalClient, d time.Duration)
 	until := now().Add(d)
 	waitfor.Condition(t, 5*time.Second, "server clock moves on", func() bool { return !now().Before(until) })
 }
+
+// seatCounter counts, apart from the semaphore, how many callers of each
+// key work at once, and the most seen.
+type seatCounter struct {
+	mu             sync.Mutex
+	inflight, peak map[string]int
+}
+
+func (c *seatCounter) enter(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.inflight[key]++
+	c.peak[key] = max(c.peak[key], c.inflight[key])
+}
+
+func (c *seatCounter) leave(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.inflight[key]--
+}
+
+// peakOf is the most callers of key seen at work at once.
+func (c *seatCounter) peakOf(key string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.peak[key]
+}
+
+// cycles runs perService goroutines on every Service; goroutine g takes a
+// seat of keyOf(g) (capacity seats) rounds times with WithPermit and runs
+// work while it holds it, counted by the returned seatCounter. It returns
+// when every goroutine is done; a failed WithPermit fails the test.
+func cycles(t *testing.T, services []*semaphore.Service, perService, rounds, capacity int, keyOf func(g int) string, work func()) *seatCounter {
+	t.Helper()
+	c := &seatCounter{inflight: map[string]int{}, peak: map[string]int{}}
+	var wg sync.WaitGroup
+	for _, s := range services {
+		for g := range perService {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				key := keyOf(g)
+				for range rounds {
+					err := s.WithPermit(context.Background(), key, capacity, func(context.Context) error {
+						c.enter(key)
+						defer c.leave(key)
+						work()
+						return nil
+					}, semaphore.WithWaitTimeout(30*time.Second))
+					if err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	return c
+}

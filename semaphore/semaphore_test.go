@@ -3,7 +3,6 @@ package semaphore_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,56 +21,25 @@ import (
 // be held at once.
 func TestCapHoldsAcrossServices(t *testing.T) {
 	srv := redistest.Start(t)
-	const capacity, services, perService, rounds = 5, 3, 15, 12
+	const capacity, perService, rounds = 5, 15, 12
 	hold := 3 * time.Millisecond
 	key := uniqueKey(t)
-	var inflight, maxInflight atomic.Int64
 	var heldNs atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, services*perService)
+	services := []*semaphore.Service{newService(t, srv.Client()), newService(t, srv.Client()), newService(t, srv.Client())}
 	start := time.Now()
-	for range services {
-		s := newService(t, srv.Client())
-		for range perService {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for range rounds {
-					err := s.WithPermit(context.Background(), key, capacity, func(context.Context) error {
-						n := inflight.Add(1)
-						for {
-							m := maxInflight.Load()
-							if n <= m || maxInflight.CompareAndSwap(m, n) {
-								break
-							}
-						}
-						t0 := time.Now()
-						time.Sleep(hold)
-						heldNs.Add(int64(time.Since(t0)))
-						inflight.Add(-1)
-						return nil
-					}, semaphore.WithWaitTimeout(30*time.Second))
-					if err != nil {
-						errs <- err
-						return
-					}
-				}
-			}()
-		}
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	seats := cycles(t, services, perService, rounds, capacity, func(int) string { return key }, func() {
+		t0 := time.Now()
+		time.Sleep(hold)
+		heldNs.Add(int64(time.Since(t0)))
+	})
 	elapsed := time.Since(start)
-	if m := maxInflight.Load(); m > capacity {
+	if m := seats.peakOf(key); m > capacity {
 		t.Fatalf("cap exceeded: %d ran at once, capacity %d", m, capacity)
 	}
 	// How busy the seats were depends on the machine's load; S3 measures
 	// it. What must hold is that every seat can be taken at once.
 	util := float64(heldNs.Load()) / (capacity * float64(elapsed))
-	t.Logf("peak %d of %d, utilization %.3f over %s", maxInflight.Load(), capacity, util, elapsed)
+	t.Logf("peak %d of %d, utilization %.3f over %s", seats.peakOf(key), capacity, util, elapsed)
 	fillAllSeats(t, []*semaphore.Service{newService(t, srv.Client()), newService(t, srv.Client())}, key, capacity)
 	s := newService(t, srv.Client())
 	if n := used(t, s, key); n != 0 {

@@ -121,44 +121,14 @@ func TestWaiterWakesPromptly(t *testing.T) {
 // holds for several keys (in different slots) and waiters wake on release.
 func TestClusterCap(t *testing.T) {
 	cluster := redistest.StartCluster(t, 3)
-	ctx := context.Background()
 	keys := []string{"alpha", "bravo", "charlie", "delta"}
 	const capacity = 3
-	var mu sync.Mutex
-	inflight := map[string]int{}
-	peak := map[string]int{}
-	var wg sync.WaitGroup
-	for range 2 {
-		s := newService(t, cluster.Client(t))
-		for g := range 12 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				key := keys[g%len(keys)]
-				for range 8 {
-					err := s.WithPermit(ctx, key, capacity, func(context.Context) error {
-						mu.Lock()
-						inflight[key]++
-						peak[key] = max(peak[key], inflight[key])
-						mu.Unlock()
-						time.Sleep(2 * time.Millisecond)
-						mu.Lock()
-						inflight[key]--
-						mu.Unlock()
-						return nil
-					}, semaphore.WithWaitTimeout(30*time.Second))
-					if err != nil {
-						t.Error(err)
-						return
-					}
-				}
-			}()
-		}
-	}
-	wg.Wait()
+	services := []*semaphore.Service{newService(t, cluster.Client(t)), newService(t, cluster.Client(t))}
+	seats := cycles(t, services, 12, 8, capacity, func(g int) string { return keys[g%len(keys)] },
+		func() { time.Sleep(2 * time.Millisecond) })
 	for _, k := range keys {
-		if peak[k] > capacity {
-			t.Fatalf("key %s: %d at once, capacity %d", k, peak[k], capacity)
+		if n := seats.peakOf(k); n > capacity {
+			t.Fatalf("key %s: %d at once, capacity %d", k, n, capacity)
 		}
 	}
 	s := newService(t, cluster.Client(t))
