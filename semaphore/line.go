@@ -156,6 +156,13 @@ func (l *line) join(w *waiter) {
 	}
 }
 
+// lineOf is key's line, nil when none of ours waits for key.
+func (s *Service) lineOf(key string) *line {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lines[key]
+}
+
 // forgetIfIdle drops the line from the map when nothing uses it. Caller
 // holds s.mu.
 func (l *line) forgetIfIdle() {
@@ -393,9 +400,7 @@ func (s *Service) handOver(p *Permit) (held, handed bool, err error) {
 	if s.isClosed() {
 		return false, false, nil
 	}
-	s.mu.Lock()
-	l := s.lines[p.key]
-	s.mu.Unlock()
+	l := s.lineOf(p.key)
 	if l == nil {
 		return false, false, nil
 	}
@@ -435,9 +440,7 @@ func (s *Service) handOverLocally(p *Permit) (held, handed bool, err error) {
 	if !ok {
 		return false, false, nil
 	}
-	s.mu.Lock()
-	l := s.lines[p.key]
-	s.mu.Unlock()
+	l := s.lineOf(p.key)
 	if l == nil {
 		return false, false, nil
 	}
@@ -525,10 +528,7 @@ func (s *Service) subscribeWake() error {
 // readWake wakes the line named by each wake message.
 func (s *Service) readWake(ps *redis.PubSub) {
 	for msg := range ps.Channel() {
-		s.mu.Lock()
-		l := s.lines[msg.Payload]
-		s.mu.Unlock()
-		if l != nil {
+		if l := s.lineOf(msg.Payload); l != nil {
 			l.wakeUp()
 		}
 	}

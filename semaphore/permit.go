@@ -381,7 +381,7 @@ func (s *Service) forgetRenewal(p *Permit) {
 func (p *Permit) renewNow() {
 	p.mu.Lock()
 	timer := p.renewTimer
-	if timer == nil || p.renewDone != nil {
+	if timer == nil {
 		p.mu.Unlock()
 		return // stopped
 	}
