@@ -48,13 +48,13 @@ var probeBinary = sync.OnceValues(func() (string, error) {
 // startFleet starts procs probe workers, with the probe type capped by
 // capYAML, on a queue of their own; counters live in a Redis of their own so
 // that they do not count as the fleet's Redis commands.
-func startFleet(ctx context.Context, env *benchEnv, name string, procs, concurrency int, capYAML string) (*fleetRun, error) {
-	return startFleetWith(ctx, env, name, procs, concurrency, capYAML, "")
+func startFleet(env *benchEnv, name string, procs, concurrency int, capYAML string) (*fleetRun, error) {
+	return startFleetWith(env, name, procs, concurrency, capYAML, "")
 }
 
 // startFleetWith is startFleet with more top-level config sections
 // (extraYAML, such as a semaphore section).
-func startFleetWith(ctx context.Context, env *benchEnv, name string, procs, concurrency int, capYAML, extraYAML string) (*fleetRun, error) {
+func startFleetWith(env *benchEnv, name string, procs, concurrency int, capYAML, extraYAML string) (*fleetRun, error) {
 	r, err := prepareFleet(env, name, concurrency, capYAML, extraYAML)
 	if err != nil {
 		return nil, err

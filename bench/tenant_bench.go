@@ -27,7 +27,7 @@ func runS5(ctx context.Context, env *benchEnv) error {
 	}
 	for _, procs := range variants {
 		key := fmt.Sprintf("s5-%d-%d", procs, time.Now().UnixNano())
-		r, err := startFleet(ctx, env, fmt.Sprintf("s5-%d", procs), procs, conc, capBlock(key, capacity, "requeue"))
+		r, err := startFleet(env, fmt.Sprintf("s5-%d", procs), procs, conc, capBlock(key, capacity, "requeue"))
 		if err != nil {
 			return err
 		}
@@ -72,7 +72,7 @@ func runS6(ctx context.Context, env *benchEnv) error {
 	const ttl = 30 * time.Second
 	prefix := fmt.Sprintf("s6-%d:", time.Now().UnixNano())
 	capYAML := fmt.Sprintf("    semaphores:\n      - key: \"tenant:{tenant_id}\"\n        capacity: %d\n        mode: requeue\n        ttl: %s\n", capacity, ttl)
-	r, err := startFleetWith(ctx, env, "s6", procs, conc, capYAML, "semaphore:\n  prefix: \""+prefix+"\"\n")
+	r, err := startFleetWith(env, "s6", procs, conc, capYAML, "semaphore:\n  prefix: \""+prefix+"\"\n")
 	if err != nil {
 		return err
 	}

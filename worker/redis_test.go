@@ -62,9 +62,10 @@ func TestAsynqConnOptMakesOurClients(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, ok := opt.MakeRedisClient().(*redis.Client)
+	made := opt.MakeRedisClient()
+	c, ok := made.(*redis.Client)
 	if !ok {
-		t.Fatalf("MakeRedisClient() is a %T, want *redis.Client", opt.MakeRedisClient())
+		t.Fatalf("MakeRedisClient() is a %T, want *redis.Client", made)
 	}
 	defer c.Close()
 	o := c.Options()
