@@ -141,6 +141,7 @@ type attemptResult struct {
 	other     int64     // ticket of the first other entry in line, 0 if none
 	nowMicros int64
 	token     string    // first parked token, when a held seat was handed over
+	free      int64     // seats still free after the call
 	sent      time.Time // local time the call was sent
 }
 
@@ -164,7 +165,7 @@ func (s *Service) attempt(req request, entry, ticket, next, release string) (att
 		return res, err
 	}
 	var nums [7]int64
-	if len(vals) != len(nums)+1 {
+	if len(vals) != len(nums)+2 {
 		return res, fmt.Errorf("semaphore: acquire script replied %d values", len(vals))
 	}
 	for i, v := range vals[:len(nums)] {
@@ -181,6 +182,9 @@ func (s *Service) attempt(req request, entry, ticket, next, release string) (att
 	res.other = nums[4]
 	res.nowMicros = nums[5]*1e6 + nums[6]
 	res.token, _ = vals[7].(string)
+	if res.free, err = replyInt(vals[8]); err != nil {
+		return res, fmt.Errorf("semaphore: acquire script reply 8: %w", err)
+	}
 	s.clock.observe(res.nowMicros, res.sent, time.Now())
 	return res, nil
 }

@@ -117,6 +117,48 @@ func TestWaiterWakesPromptly(t *testing.T) {
 	}
 }
 
+// TestNextWaiterWakesOnRelease: once the first of two waiters takes the
+// last free seat, the second waits for a wake message instead of polling
+// (its Service's backoff is at least 100 ms then); a release by another
+// process must still hand it the next seat at once.
+func TestNextWaiterWakesOnRelease(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	holders, waiters := newService(t, srv.Client()), newService(t, srv.Client())
+	const bound = 80 * time.Millisecond // a wake takes about a millisecond
+	key := uniqueKey(t)
+	p1 := mustAcquire(t, holders, key, 2)
+	p2 := mustAcquire(t, holders, key, 2)
+	got := make(chan *semaphore.Permit, 2)
+	for range 2 {
+		go func() {
+			q, err := waiters.Acquire(ctx, key, 2, semaphore.WithWaitTimeout(10*time.Second))
+			if err != nil {
+				t.Error(err)
+			}
+			got <- q
+		}()
+	}
+	waitfor.Condition(t, 5*time.Second, "two waiters in line", func() bool { return waiters.LocalWaiters(key) == 2 })
+	// passOn releases p and returns how long until a waiter had its seat.
+	passOn := func(p *semaphore.Permit) time.Duration {
+		released := time.Now()
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		q := <-got
+		if q == nil {
+			t.FailNow()
+		}
+		t.Cleanup(func() { _ = q.Release(ctx) })
+		return time.Since(released)
+	}
+	passOn(p1) // the first waiter takes the last free seat
+	if lag := passOn(p2); lag > bound {
+		t.Fatalf("the second waiter took the seat %s after its release", lag)
+	}
+}
+
 // TestClusterCap runs the semaphore on a 3-master Redis Cluster: the cap
 // holds for several keys (in different slots) and waiters wake on release.
 func TestClusterCap(t *testing.T) {

@@ -30,7 +30,8 @@
 --         lease expiry ms (0 if none or granted), first ticket of another
 --         entry in line ('' if none), now: seconds, now: microseconds
 --         within the second (TIME's own two strings, unformatted), the
---         first parked token when a held seat was released ('' if none)}
+--         first parked token when a held seat was released ('' if none),
+--         seats still free after this call}
 
 local holders, queue, qexp = KEYS[1], KEYS[2], KEYS[3]
 local ttl = tonumber(ARGV[2])
@@ -144,4 +145,4 @@ if granted == 0 then
 end
 local token = ''
 if released == 1 and ARGV[11] == '1' then token = redis.call('LPOP', KEYS[4]) or '' end
-return {granted, now, released, earliest, other, t[1], t[2], token}
+return {granted, now, released, earliest, other, t[1], t[2], token, math.max(free, 0)}
