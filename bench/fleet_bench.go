@@ -200,7 +200,11 @@ func capBlock(key string, capacity int, mode string) string {
 
 // runS1 is fleet saturation: 3 processes x 10 share a cap of 5.
 func runS1(ctx context.Context, env *benchEnv) error {
-	const capacity, procs, conc, tasks, dur = 5, 3, 10, 400, 25
+	const capacity, conc, tasks, dur = 5, 10, 400, 25
+	procs, err := envCount("BENCH_S1_PROCS", 3) // e.g. 1: every hand-over inside one process
+	if err != nil {
+		return err
+	}
 	for _, mode := range []string{"requeue", "wait"} {
 		r, err := prepareFleet(env, "s1-"+mode, conc, capBlock(fmt.Sprintf("s1-%s-%d", mode, time.Now().UnixNano()), capacity, mode), "")
 		if err != nil {

@@ -147,3 +147,17 @@ func commandStats(ctx context.Context, rdb *redis.Client) (map[string]int64, err
 	}
 	return out, nil
 }
+
+// envCount reads a positive count from the environment variable name, def
+// when it is unset.
+func envCount(name string, def int) (int, error) {
+	v := os.Getenv(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("%s=%q: want a count of 1 or more", name, v)
+	}
+	return n, nil
+}

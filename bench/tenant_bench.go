@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -18,10 +17,10 @@ import (
 func runS5(ctx context.Context, env *benchEnv) error {
 	const capacity, conc, tasks, dur = 5, 10, 2000, 10
 	variants := []int{1, 5, 20}
-	if v := os.Getenv("BENCH_S5_PROCS"); v != "" { // e.g. "20": one variant, for a closer look
-		n, err := strconv.Atoi(v)
+	if os.Getenv("BENCH_S5_PROCS") != "" { // e.g. "20": one variant, for a closer look
+		n, err := envCount("BENCH_S5_PROCS", 0)
 		if err != nil {
-			return fmt.Errorf("BENCH_S5_PROCS: %w", err)
+			return err
 		}
 		variants = []int{n}
 	}
