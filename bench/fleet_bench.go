@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -225,18 +226,41 @@ func runS1(ctx context.Context, env *benchEnv) error {
 		}
 		makespan, _ := r.counters.Makespan(ctx)
 		peak, _ := r.counters.MaxInflight(ctx)
+		probe, err := probeFields(ctx, r, dur)
 		r.stop()
+		if err != nil {
+			return err
+		}
 		ideal := float64(tasks*dur) / float64(min(capacity, procs*conc))
 		ms := float64(makespan.Milliseconds())
-		if err := env.emit(map[string]any{
+		if err := env.emit(merge(map[string]any{
 			"peer": "fleetcap", "scenario": "S1", "variant": mode, "cap": capacity, "workers": procs, "conc": conc,
 			"tasks": tasks, "dur_ms": dur, "makespan_ms": int(ms), "utilization": round(ideal/ms, 3),
 			"max_inflight": peak, "tasks_per_s": int(float64(tasks) / ms * 1000),
-		}); err != nil {
+		}, probe)); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// probeFields are the probe's own share of a seat's time: the mean time a
+// probe held its seat beyond its dur ms (counting itself in and out, and
+// its timer's overshoot), and the utilization that leaves even if seats
+// passed from one task to the next at no cost (dur / (dur + overhead)).
+func probeFields(ctx context.Context, r *fleetRun, dur int) (map[string]any, error) {
+	over, err := r.counters.ProbeOverhead(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ms := float64(over.Microseconds()) / 1000
+	return map[string]any{"probe_overhead_ms": round(ms, 2), "probe_ceiling": round(float64(dur)/(float64(dur)+ms), 3)}, nil
+}
+
+// merge adds the fields of more to m.
+func merge(m map[string]any, more map[string]any) map[string]any {
+	maps.Copy(m, more)
+	return m
 }
 
 // runS2 is the cap's overhead: no-op tasks through one process of 20, with

@@ -48,14 +48,18 @@ func runS5(ctx context.Context, env *benchEnv) error {
 		makespan, _ := r.counters.Makespan(ctx)
 		peak, _ := r.counters.MaxInflight(ctx)
 		runs, _ := r.counters.Runs(ctx)
+		probe, err := probeFields(ctx, r, dur)
 		r.stop()
+		if err != nil {
+			return err
+		}
 		ideal := float64(tasks*dur) / float64(capacity)
 		ms := float64(makespan.Milliseconds())
-		if err := env.emit(map[string]any{
+		if err := env.emit(merge(map[string]any{
 			"peer": "fleetcap", "scenario": "S5", "variant": procs, "cap": capacity, "workers": procs, "conc": conc,
 			"tasks": tasks, "dur_ms": dur, "makespan_ms": int(ms), "utilization": round(ideal/ms, 3),
 			"redis_cmds_per_task": round(float64(cmds)/tasks, 2), "max_inflight": peak, "runs": runs,
-		}); err != nil {
+		}, probe)); err != nil {
 			return err
 		}
 	}

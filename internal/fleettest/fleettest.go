@@ -200,6 +200,28 @@ func (c *Counters) IsDone(ctx context.Context, id string) (bool, error) {
 // Runs is how many runs finished (a task run twice counts twice).
 func (c *Counters) Runs(ctx context.Context) (int, error) { return c.int(ctx, "runs") }
 
+// ProbeOverhead is how long, on average, a finished probe held its seat
+// beyond its payload's ms: its own counting in and out and its timer's
+// overshoot. Zero when none finished.
+func (c *Counters) ProbeOverhead(ctx context.Context) (time.Duration, error) {
+	m, err := c.rdb.HGetAll(ctx, c.p+"overhead").Result()
+	if err != nil {
+		return 0, err
+	}
+	if len(m) == 0 {
+		return 0, nil
+	}
+	us, err := strconv.ParseInt(m["us"], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("probe overhead: %w", err)
+	}
+	n, err := strconv.ParseInt(m["n"], 10, 64)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("probe overhead: count %q", m["n"])
+	}
+	return time.Duration(us/n) * time.Microsecond, nil
+}
+
 // MaxInflight is the most probes that ran at once.
 func (c *Counters) MaxInflight(ctx context.Context) (int, error) { return c.int(ctx, "max") }
 

@@ -17,6 +17,10 @@
 //	{P}:first, {P}:last              Unix ms of the first start and last end
 //	{P}:done                         a set of finished task IDs
 //	{P}:runs                         how many runs finished (duplicates count)
+//	{P}:overhead                     a hash: "us", the microseconds finished
+//	                                 probes held their seats beyond their ms
+//	                                 (counting in and out, and the timer's
+//	                                 overshoot), and "n", how many of them
 package main
 
 import (
@@ -28,6 +32,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -108,6 +113,10 @@ func run(ctx context.Context) error {
 type counter struct {
 	rdb redis.UniversalClient
 	p   string
+	// countOut is the last count-out round trip (µs) not yet reported:
+	// a probe's own is only known once its end script has run, so the
+	// next probe reports it.
+	countOut atomic.Int64
 }
 
 // startScript counts a probe in: first start, in-flight counts and their
@@ -127,7 +136,8 @@ end
 return n`)
 
 // endScript counts a probe out; ARGV[3] = 1 when it finished (not
-// cancelled).
+// cancelled), ARGV[6] the microseconds it held its seat beyond its ms (see
+// overhead).
 var endScript = redis.NewScript(`
 redis.call('DECR', KEYS[1] .. 'inflight')
 redis.call('DECR', KEYS[1] .. 'inflight:pid:' .. ARGV[5])
@@ -136,6 +146,8 @@ if ARGV[3] == '1' then
   redis.call('SET', KEYS[1] .. 'last', ARGV[1])
   redis.call('SADD', KEYS[1] .. 'done', ARGV[4])
   redis.call('INCR', KEYS[1] .. 'runs')
+  redis.call('HINCRBY', KEYS[1] .. 'overhead', 'us', ARGV[6])
+  redis.call('HINCRBY', KEYS[1] .. 'overhead', 'n', 1)
 end
 return 1`)
 
@@ -163,12 +175,14 @@ func (c *counter) count(ctx context.Context, p Payload) error {
 	id, _ := asynq.GetTaskID(ctx)
 	bg := context.WithoutCancel(ctx)
 	keys := []string{c.p}
-	if err := startScript.Run(bg, c.rdb, keys, time.Now().UnixMilli(), p.Tenant, os.Getpid()).Err(); err != nil {
+	start := time.Now()
+	if err := startScript.Run(bg, c.rdb, keys, start.UnixMilli(), p.Tenant, os.Getpid()).Err(); err != nil {
 		return err
 	}
+	work := time.Duration(p.MS) * time.Millisecond
 	var runErr error
 	select {
-	case <-time.After(time.Duration(p.MS) * time.Millisecond):
+	case <-time.After(work):
 	case <-ctx.Done():
 		runErr = ctx.Err()
 	}
@@ -181,9 +195,14 @@ func (c *counter) count(ctx context.Context, p Payload) error {
 	if runErr == nil {
 		finished = "1"
 	}
-	if err := endScript.Run(bg, c.rdb, keys, time.Now().UnixMilli(), p.Tenant, finished, id, os.Getpid()).Err(); err != nil {
+	// What the probe itself adds to the seat's time: counting in, the
+	// timer's overshoot, and (reported by the next probe) counting out.
+	ended := time.Now()
+	overhead := ended.Sub(start) - work + time.Duration(c.countOut.Swap(0))*time.Microsecond
+	if err := endScript.Run(bg, c.rdb, keys, ended.UnixMilli(), p.Tenant, finished, id, os.Getpid(), overhead.Microseconds()).Err(); err != nil {
 		return err
 	}
+	c.countOut.Add(time.Since(ended).Microseconds())
 	if runErr != nil {
 		return runErr
 	}
