@@ -24,9 +24,18 @@ func runS5(ctx context.Context, env *benchEnv) error {
 		}
 		variants = []int{n}
 	}
+	// The cap's standby (tasks per process that wait in-process for a
+	// seat instead of going back to asynq): the config's default,
+	// min(capacity, concurrency/2), unless BENCH_S5_STANDBY sets it, e.g.
+	// to 10 (every slot may wait) to see the other side of that trade-off.
+	standby, err := envCount("BENCH_S5_STANDBY", min(capacity, conc/2))
+	if err != nil {
+		return err
+	}
 	for _, procs := range variants {
 		key := fmt.Sprintf("s5-%d-%d", procs, time.Now().UnixNano())
-		r, err := startFleet(env, fmt.Sprintf("s5-%d", procs), procs, conc, capBlock(key, capacity, "requeue"))
+		capYAML := capBlock(key, capacity, "requeue") + fmt.Sprintf("      standby: %d\n", standby)
+		r, err := startFleet(env, fmt.Sprintf("s5-%d", procs), procs, conc, capYAML)
 		if err != nil {
 			return err
 		}
@@ -57,7 +66,7 @@ func runS5(ctx context.Context, env *benchEnv) error {
 		ms := float64(makespan.Milliseconds())
 		if err := env.emit(merge(map[string]any{
 			"peer": "fleetcap", "scenario": "S5", "variant": procs, "cap": capacity, "workers": procs, "conc": conc,
-			"tasks": tasks, "dur_ms": dur, "makespan_ms": int(ms), "utilization": round(ideal/ms, 3),
+			"standby": standby, "tasks": tasks, "dur_ms": dur, "makespan_ms": int(ms), "utilization": round(ideal/ms, 3),
 			"redis_cmds_per_task": round(float64(cmds)/tasks, 2), "max_inflight": peak, "runs": runs,
 		}, probe)); err != nil {
 			return err
