@@ -32,6 +32,15 @@ type fleetRun struct {
 	statsStart map[string]int64 // with BENCH_CMDSTATS
 }
 
+// pids is the process IDs of the run's workers.
+func (r *fleetRun) pids() []int {
+	out := make([]int, len(r.procs))
+	for i, p := range r.procs {
+		out[i] = p.PID()
+	}
+	return out
+}
+
 // probeBinary builds the probe worker once per bench run, or takes the one
 // BENCH_PROBE names (to compare two builds on the same machine minutes
 // apart).

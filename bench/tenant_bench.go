@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -91,7 +92,7 @@ func runS6(ctx context.Context, env *benchEnv) error {
 	defer r.stop()
 	// The baseline: the fleet's own keys (asynq's server and worker
 	// records) once every process has registered.
-	if err := waitServers(ctx, r.mainRDB, procs); err != nil {
+	if err := waitServers(ctx, r.mainRDB, r.pids()); err != nil {
 		return err
 	}
 	baseline, err := keySet(ctx, r.mainRDB)
@@ -173,16 +174,18 @@ func runS6(ctx context.Context, env *benchEnv) error {
 	})
 }
 
-// waitServers waits until n asynq servers have registered.
-func waitServers(ctx context.Context, rdb *redis.Client, n int) error {
+// waitServers waits until the asynq server of each of pids has registered.
+// Counting them would not do: a fleet that has just stopped leaves its
+// servers in the set until their records expire.
+func waitServers(ctx context.Context, rdb *redis.Client, pids []int) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		got, err := rdb.ZCard(ctx, "asynq:servers").Result()
-		if err == nil && got >= int64(n) {
+		missing, err := unregistered(ctx, rdb, pids)
+		if err == nil && len(missing) == 0 {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%d of %d asynq servers registered after 30s (%v)", got, n, err)
+			return fmt.Errorf("the asynq servers of processes %v not registered after 30s (%v)", missing, err)
 		}
 		select {
 		case <-ctx.Done():
@@ -190,6 +193,28 @@ func waitServers(ctx context.Context, rdb *redis.Client, n int) error {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// unregistered is the pids that have no asynq server record yet (records
+// are named "asynq:servers:{host:pid:id}").
+func unregistered(ctx context.Context, rdb *redis.Client, pids []int) ([]int, error) {
+	names, err := rdb.ZRange(ctx, "asynq:servers", 0, -1).Result()
+	if err != nil {
+		return pids, err
+	}
+	registered := map[string]bool{}
+	for _, name := range names {
+		if parts := strings.Split(strings.Trim(strings.TrimPrefix(name, "asynq:servers:"), "{}"), ":"); len(parts) >= 3 {
+			registered[parts[len(parts)-2]] = true
+		}
+	}
+	var missing []int
+	for _, pid := range pids {
+		if !registered[strconv.Itoa(pid)] {
+			missing = append(missing, pid)
+		}
+	}
+	return missing, nil
 }
 
 // keySet is every key of the Redis (the bench's Redis is small).
