@@ -238,16 +238,7 @@ func TestRealRedisWithACLUser(t *testing.T) {
 		t.Errorf("GET in db 3 = %q, %v", v, err)
 	}
 
-	opt, err := cfg.AsynqConnOpt()
-	if err != nil {
-		t.Fatal(err)
-	}
-	client := asynq.NewClient(opt)
-	defer client.Close()
-	info, err := client.EnqueueContext(ctx, asynq.NewTask("test:acl", []byte(`{}`)))
-	if err != nil {
-		t.Fatalf("asynq enqueue as alice: %v", err)
-	}
+	info, opt := enqueueThrough(t, cfg, "test:acl", "as alice")
 	insp := asynq.NewInspector(opt)
 	defer insp.Close()
 	if got, err := insp.GetTaskInfo("default", info.ID); err != nil || got.Type != "test:acl" {
@@ -286,15 +277,7 @@ func TestRealRedisCluster(t *testing.T) {
 			t.Fatalf("SET on the cluster: %v", err)
 		}
 	}
-	opt, err := cfg.AsynqConnOpt()
-	if err != nil {
-		t.Fatal(err)
-	}
-	client := asynq.NewClient(opt)
-	defer client.Close()
-	if _, err := client.EnqueueContext(ctx, asynq.NewTask("test:cluster", nil)); err != nil {
-		t.Fatalf("asynq enqueue on the cluster: %v", err)
-	}
+	enqueueThrough(t, cfg, "test:cluster", "on the cluster")
 }
 
 // TestRealRedisClusterWithACLUser: cluster_addrs given as URLs log in to
@@ -340,15 +323,7 @@ func TestRealRedisClusterWithACLUser(t *testing.T) {
 	if err := p.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	opt, err := cfg.AsynqConnOpt()
-	if err != nil {
-		t.Fatal(err)
-	}
-	client := asynq.NewClient(opt)
-	defer client.Close()
-	if _, err := client.EnqueueContext(ctx, asynq.NewTask("test:cluster-acl", nil)); err != nil {
-		t.Fatalf("asynq enqueue as alice on the cluster: %v", err)
-	}
+	enqueueThrough(t, cfg, "test:cluster-acl", "as alice on the cluster")
 
 	wrong, err := RedisConfig{ClusterAddrs: []string{"redis://alice:n0tit@" + cluster.Nodes[0].Addr()}}.NewClient()
 	if err != nil {
@@ -375,15 +350,7 @@ func TestRealRedisMutualTLS(t *testing.T) {
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		t.Fatalf("ping with a client certificate: %v", err)
 	}
-	opt, err := cfg.AsynqConnOpt()
-	if err != nil {
-		t.Fatal(err)
-	}
-	client := asynq.NewClient(opt)
-	defer client.Close()
-	if _, err := client.EnqueueContext(ctx, asynq.NewTask("test:mtls", nil)); err != nil {
-		t.Fatalf("asynq enqueue with a client certificate: %v", err)
-	}
+	enqueueThrough(t, cfg, "test:mtls", "with a client certificate")
 
 	// Without the certificate the server refuses the connection.
 	noCert, err := RedisConfig{URL: srv.URL(), TLS: RedisTLSConfig{CAFile: srv.CAFile}}.NewClient()
@@ -421,15 +388,7 @@ func TestStartEmbedded(t *testing.T) {
 		t.Fatalf("ping the embedded redis: %v", err)
 	}
 
-	opt, err := cfg.AsynqConnOpt()
-	if err != nil {
-		t.Fatal(err)
-	}
-	client := asynq.NewClient(opt)
-	defer client.Close()
-	if _, err := client.EnqueueContext(ctx, asynq.NewTask("test:embedded", []byte(`{}`))); err != nil {
-		t.Fatalf("asynq enqueue on the embedded redis: %v", err)
-	}
+	enqueueThrough(t, cfg, "test:embedded", "on the embedded redis")
 
 	if _, err := StartEmbedded(addr); err == nil || !strings.Contains(err.Error(), addr) {
 		t.Errorf("second StartEmbedded on %s: err = %v, want address in use", addr, err)
@@ -464,4 +423,24 @@ func TestNewClientCallsEndAtTheirDeadline(t *testing.T) {
 			t.Errorf("%v: Ping through a blackhole with a 300ms deadline: %v after %s", cfg, err, took)
 		}
 	}
+}
+
+// enqueueThrough enqueues a task of type typ with an asynq client made
+// from cfg's AsynqConnOpt, failing the test (the message says where: how)
+// when it cannot; it returns the task and the connection option.
+func enqueueThrough(t *testing.T, cfg RedisConfig, typ, how string) (*asynq.TaskInfo, asynq.RedisConnOpt) {
+	t.Helper()
+	opt, err := cfg.AsynqConnOpt()
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := asynq.NewClient(opt)
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	info, err := client.EnqueueContext(ctx, asynq.NewTask(typ, []byte(`{}`)))
+	if err != nil {
+		t.Fatalf("asynq enqueue %s: %v", how, err)
+	}
+	return info, opt
 }
