@@ -312,7 +312,7 @@ func (s *Service) ForceReleaseAll(ctx context.Context, key string) (int, error) 
 	}
 	n, err := replyInt(vals[0])
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("semaphore: force release script reply 0: %w", err)
 	}
 	s.log.Warn("semaphore: force-released every seat", "key", key, "displaced", n)
 	for _, v := range vals[1:] {
