@@ -2,7 +2,8 @@
 // loopback port and forwards every connection to a target, until Cut drops
 // the connections it carries and blackholes new ones (accepted, never
 // forwarded nor answered: a client sees its reads time out, as in a network
-// partition). Restore forwards again.
+// partition). Restore forwards again. SetDialDelay makes new connections
+// slow to open, as a congested network or a far server does.
 package tcpproxy
 
 import (
@@ -10,6 +11,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"time"
 )
 
 // Proxy forwards connections from Addr to a target address.
@@ -17,13 +19,14 @@ type Proxy struct {
 	l      net.Listener
 	target string
 
-	mu      sync.Mutex
-	cut     bool
-	closed  bool
-	conns   map[net.Conn]struct{} // forwarded: both sides
-	holes   map[net.Conn]struct{} // accepted while cut, held unanswered
-	wg      sync.WaitGroup
-	accepts int
+	mu        sync.Mutex
+	dialDelay time.Duration // new connections wait this long before they are forwarded
+	cut       bool
+	closed    bool
+	conns     map[net.Conn]struct{} // forwarded: both sides
+	holes     map[net.Conn]struct{} // accepted while cut, held unanswered
+	wg        sync.WaitGroup
+	accepts   int
 }
 
 // New starts a proxy on 127.0.0.1:0 that forwards to target (host:port).
@@ -65,6 +68,14 @@ func (p *Proxy) Restore() {
 	for c := range holes {
 		_ = c.Close()
 	}
+}
+
+// SetDialDelay makes every connection accepted from now on wait d before it
+// is forwarded (0: none); connections already forwarded are not slowed.
+func (p *Proxy) SetDialDelay(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.dialDelay = d
 }
 
 // Accepted is how many connections the proxy accepted so far.
@@ -114,16 +125,18 @@ func (p *Proxy) serve() {
 			continue
 		}
 		p.conns[c] = struct{}{}
+		delay := p.dialDelay
 		p.mu.Unlock()
 		p.wg.Add(1)
-		go p.forward(c)
+		go p.forward(c, delay)
 	}
 }
 
-// forward dials the target for c and copies both ways until either side
-// closes or Cut closes them.
-func (p *Proxy) forward(c net.Conn) {
+// forward dials the target for c, after delay, and copies both ways until
+// either side closes or Cut closes them.
+func (p *Proxy) forward(c net.Conn, delay time.Duration) {
 	defer p.wg.Done()
+	time.Sleep(delay)
 	up, err := net.Dial("tcp", p.target)
 	if err != nil {
 		p.drop(c)

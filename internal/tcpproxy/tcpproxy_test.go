@@ -91,3 +91,41 @@ func TestCutAndRestore(t *testing.T) {
 		t.Fatalf("accepted %d connections, want 3", n)
 	}
 }
+
+func TestDialDelay(t *testing.T) {
+	p, err := New(echo(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	fast, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fast.Close()
+	if _, err := roundTrip(fast, "warm", time.Second); err != nil {
+		t.Fatal(err)
+	}
+
+	const delay = 300 * time.Millisecond
+	p.SetDialDelay(delay)
+	slow, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	start := time.Now()
+	if got, err := roundTrip(slow, "late", 5*time.Second); err != nil || got != "late\n" {
+		t.Fatalf("a delayed connection: %q, %v", got, err)
+	}
+	if took := time.Since(start); took < delay {
+		t.Fatalf("a new connection answered after %s, before the %s delay", took, delay)
+	}
+	start = time.Now()
+	if _, err := roundTrip(fast, "still fast", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took >= delay {
+		t.Fatalf("a connection made before the delay took %s", took)
+	}
+}

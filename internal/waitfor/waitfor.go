@@ -20,3 +20,18 @@ func Condition(tb testing.TB, within time.Duration, what string, cond func() boo
 	}
 	return time.Since(start)
 }
+
+// Eventually polls cond like Condition until it holds or within passes,
+// and reports whether it held. It never fails the test itself, so that a
+// goroutine other than the test's may wait with it (a goroutine must not
+// call t.Fatal): the caller reports the failure and ends what waits on it.
+func Eventually(within time.Duration, cond func() bool) bool {
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > within {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
+}
