@@ -46,14 +46,14 @@ func (s *Service) TryAcquire(ctx context.Context, key string, permits int, opts 
 			return nil, 0, &AcquisitionError{Key: key, Reason: ReasonCanceled, Err: err}
 		}
 		req := s.newRequest(key, permits, cfg)
-		res, err := s.attempt(req, "", "", "", "")
+		res, err := s.callAcquire(req.k, key, newAcquireArgs(req))
 		if err != nil {
 			return nil, 1, &AcquisitionError{Key: key, Reason: ReasonError, Attempts: 1, Err: err}
 		}
 		if !res.granted {
 			return nil, 1, nil
 		}
-		return s.grant(req, res), 1, nil
+		return s.keepUnlessClosed(req, res, 1)
 	})
 }
 
@@ -130,63 +130,100 @@ func (s *Service) newRequest(key string, permits int, cfg acquireConfig) request
 	return request{key: key, k: s.keysFor(key), capacity: permits, cfg: cfg, started: time.Now()}
 }
 
-// attemptResult is acquire.lua's reply.
-type attemptResult struct {
-	permitID  string
-	member    string // the permit's member of holders
-	granted   bool
-	now       time.Time // server time
-	released  int       // 1 held, 0 lost, -1 no release asked
-	earliest  time.Time // soonest lease expiry when not granted; zero if none
-	other     int64     // ticket of the first other entry in line, 0 if none
-	nowMicros int64
-	token     string    // first parked token, when a held seat was handed over
-	free      int64     // seats still free after the call
-	sent      time.Time // local time the call was sent
+// acquireArgs is one call of acquire.lua (see its header).
+type acquireArgs struct {
+	member   string // the member to grant: permit id and holder label
+	ttl      time.Duration
+	capacity int
+	// entry is this Service's entry in the fleet-wide line; "" for a
+	// one-shot try that never queues.
+	entry string
+	// ticket is the place in line of the waiter asked for (server µs); 0
+	// for now.
+	ticket int64
+	// nextTicket, after a grant, keeps the entry in line with the next
+	// local waiter's place; 0 takes the entry out.
+	nextTicket int64
+	// release is the member of a seat of ours given back in the same
+	// call (a hand-over through the store); "" for none.
+	release string
 }
 
-// attempt runs acquire.lua once. entry is the waiting-line entry ("" for a
-// one-shot try), ticket and next the head's and the following waiter's
-// tickets, release the member of a seat of ours to hand over.
-func (s *Service) attempt(req request, entry, ticket, next, release string) (attemptResult, error) {
-	res := attemptResult{permitID: randomID(), sent: time.Now()}
-	res.member = member(res.permitID, req.cfg.holder)
-	k := req.k
-	args := []any{res.member, req.cfg.ttl.Milliseconds(), req.capacity,
-		entry, lineEntryTTL.Milliseconds(), s.wakePrefix(), req.key, ticket, next, release}
-	if release != "" {
-		args = append(args, s.wakeFlag())
+// acquireReply is acquire.lua's answer.
+type acquireReply struct {
+	permitID string
+	member   string // the permit's member of holders, as asked
+	granted  bool
+	now      time.Time // server time
+	// released says what became of args.release: 1 it was held, 0 it
+	// was already lost, -1 none was asked.
+	released int
+	// earliest is the soonest lease expiry when not granted; zero if
+	// none.
+	earliest time.Time
+	// aheadTicket is the place of the first entry of another process in
+	// the fleet-wide line; 0 if none.
+	aheadTicket int64
+	nowMicros   int64
+	// token is the first parked token, taken because args.release was
+	// held.
+	token string
+	free  int64     // seats still free after the call
+	sent  time.Time // local time the call was sent
+}
+
+// newAcquireArgs asks for a seat for req under a new permit id.
+func newAcquireArgs(req request) acquireArgs {
+	return acquireArgs{member: member(randomID(), req.cfg.holder), ttl: req.cfg.ttl, capacity: req.capacity}
+}
+
+// callAcquire runs acquire.lua once.
+func (s *Service) callAcquire(k keys, key string, a acquireArgs) (acquireReply, error) {
+	r := acquireReply{member: a.member, sent: time.Now()}
+	r.permitID, _ = splitMember(a.member)
+	argv := []any{a.member, a.ttl.Milliseconds(), a.capacity,
+		a.entry, lineEntryTTL.Milliseconds(), s.wakePrefix(), key, ticketArg(a.ticket), ticketArg(a.nextTicket), a.release}
+	if a.release != "" {
+		argv = append(argv, s.wakeFlag())
 	}
-	for len(args) > 7 && args[len(args)-1] == "" {
-		args = args[:len(args)-1] // the script reads absent optional arguments as ''
+	for len(argv) > 7 && argv[len(argv)-1] == "" {
+		argv = argv[:len(argv)-1] // the script reads absent optional arguments as ''
 	}
-	vals, err := s.batch.of(k.holders).run(acquireScript, []string{k.holders, k.queue, k.qexp, k.parked}, args...).Slice()
+	vals, err := s.batch.of(k.holders).run(acquireScript, []string{k.holders, k.queue, k.qexp, k.parked}, argv...).Slice()
 	if err != nil {
-		return res, err
+		return r, err
 	}
 	var nums [7]int64
 	if len(vals) != len(nums)+2 {
-		return res, fmt.Errorf("semaphore: acquire script replied %d values", len(vals))
+		return r, fmt.Errorf("semaphore: acquire script replied %d values", len(vals))
 	}
 	for i, v := range vals[:len(nums)] {
 		if nums[i], err = replyInt(v); err != nil {
-			return res, fmt.Errorf("semaphore: acquire script reply %d: %w", i, err)
+			return r, fmt.Errorf("semaphore: acquire script reply %d: %w", i, err)
 		}
 	}
-	res.granted = nums[0] == 1
-	res.now = time.UnixMilli(nums[1])
-	res.released = int(nums[2])
+	r.granted = nums[0] == 1
+	r.now = time.UnixMilli(nums[1])
+	r.released = int(nums[2])
 	if nums[3] > 0 {
-		res.earliest = time.UnixMilli(nums[3])
+		r.earliest = time.UnixMilli(nums[3])
 	}
-	res.other = nums[4]
-	res.nowMicros = nums[5]*1e6 + nums[6]
-	res.token, _ = vals[7].(string)
-	if res.free, err = replyInt(vals[8]); err != nil {
-		return res, fmt.Errorf("semaphore: acquire script reply 8: %w", err)
+	r.aheadTicket = nums[4]
+	r.nowMicros = nums[5]*1e6 + nums[6]
+	r.token, _ = vals[7].(string)
+	if r.free, err = replyInt(vals[8]); err != nil {
+		return r, fmt.Errorf("semaphore: acquire script reply 8: %w", err)
 	}
-	s.clock.observe(res.nowMicros, res.sent, time.Now())
-	return res, nil
+	s.clock.observe(r.nowMicros, r.sent, time.Now())
+	return r, nil
+}
+
+// ticketArg is a ticket as the scripts take it: "" for none.
+func ticketArg(t int64) string {
+	if t == 0 {
+		return ""
+	}
+	return strconv.FormatInt(t, 10)
 }
 
 // replyInt reads an integer of a script reply: a Lua number, or a string
@@ -214,7 +251,7 @@ func replyInt(v any) (int64, error) {
 }
 
 // grant turns a granted attempt into a Permit.
-func (s *Service) grant(req request, res attemptResult) *Permit {
+func (s *Service) grant(req request, res acquireReply) *Permit {
 	p := newPermit(s, req, res)
 	if s.obs != nil {
 		s.obs.ActiveChanged(req.key, 1)
@@ -225,61 +262,48 @@ func (s *Service) grant(req request, res attemptResult) *Permit {
 	return p
 }
 
+// keepUnlessClosed turns a seat won by a call of the caller's own into its
+// Permit, unless the Service was closed while the call was on the wire:
+// then the seat is given back quietly and the caller gets ReasonShutdown.
+func (s *Service) keepUnlessClosed(req request, res acquireReply, attempts int) (*Permit, int, error) {
+	p := s.grant(req, res)
+	if s.isClosed() {
+		s.giveBack(p)
+		return nil, attempts, &AcquisitionError{Key: req.key, Reason: ReasonShutdown, Attempts: attempts, Err: errShutdown}
+	}
+	return p, attempts, nil
+}
+
 // acquire is Acquire without the span: it returns the permit and the
 // number of attempts made.
 func (s *Service) acquire(ctx context.Context, key string, permits int, cfg acquireConfig) (*Permit, int, error) {
-	fail := func(reason Reason, attempts int, err error) (*Permit, int, error) {
-		return nil, attempts, &AcquisitionError{Key: key, Reason: reason, Attempts: attempts, Err: err}
-	}
 	if s.isClosed() {
-		return fail(ReasonShutdown, 0, ErrClosed)
+		return nil, 0, &AcquisitionError{Key: key, Reason: ReasonShutdown, Err: ErrClosed}
 	}
 	if err := ctx.Err(); err != nil {
-		return fail(ReasonCanceled, 0, err)
+		return nil, 0, &AcquisitionError{Key: key, Reason: ReasonCanceled, Err: err}
+	}
+	req := s.newRequest(key, permits, cfg)
+	l := s.useLine(key)
+	defer s.doneWithLine(l)
+	w := &waiter{req: req, done: make(chan struct{})}
+	if p, attempts, err, settled := l.arrive(ctx, w); settled {
+		return p, attempts, err
 	}
 	var timeout <-chan time.Time
 	if cfg.waitTimeout > 0 {
-		t := time.NewTimer(cfg.waitTimeout)
+		t := time.NewTimer(cfg.waitTimeout - time.Since(req.started))
 		defer t.Stop()
 		timeout = t.C
 	}
-	req := s.newRequest(key, permits, cfg)
-
-	w := &waiter{req: req, done: make(chan struct{})}
-	l, direct := s.arrive(ctx, key)
-	if direct != nil {
-		// Nobody of ours is in line: ask the store directly, joining the
-		// fleet-wide line if the semaphore is full.
-		res, err := s.attempt(req, s.id, "", "", "")
-		if err != nil || res.granted || cfg.maxAttempts == 1 {
-			direct(false)
-		}
-		switch {
-		case err != nil:
-			return fail(ReasonError, 1, err)
-		case res.granted:
-			return s.grant(req, res), 1, nil
-		case cfg.maxAttempts == 1:
-			s.leaveLine(req)
-			return fail(ReasonExhausted, 1, nil)
-		}
-		w.ticket, w.attempts = res.nowMicros, 1
-		l.join(w)
-		w.line.noteOther(res.other)
-		direct(true)
-	} else {
-		w.ticket, _ = s.clock.now()
-		l.join(w)
-	}
-
 	select {
 	case <-w.done:
 	case <-ctx.Done():
-		w.line.abandon(w, ReasonCanceled, ctx.Err())
+		l.abandon(w, ReasonCanceled, ctx.Err())
 	case <-timeout:
-		w.line.abandon(w, ReasonTimeout, errTimeout)
+		l.abandon(w, ReasonTimeout, errTimeout)
 	case <-s.closed:
-		w.line.abandon(w, ReasonShutdown, errShutdown)
+		l.abandon(w, ReasonShutdown, errShutdown)
 	}
 	<-w.done
 	if w.err != nil {
@@ -291,13 +315,14 @@ func (s *Service) acquire(ctx context.Context, key string, permits int, cfg acqu
 	return w.permit, w.attempts, nil
 }
 
-// leaveLine takes this Service's entry out of key's fleet-wide line.
-func (s *Service) leaveLine(req request) {
+// leaveLine takes this Service's entry out of key's fleet-wide line; the
+// script wakes whoever the entry held up from a free seat, counted with
+// capacity.
+func (s *Service) leaveLine(k keys, key string, capacity int) {
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
-	k := req.k
-	err := leaveScript.Run(ctx, s.rdb, []string{k.holders, k.queue, k.qexp}, s.id, req.capacity, s.wakePrefix(), req.key).Err()
+	err := leaveScript.Run(ctx, s.rdb, []string{k.holders, k.queue, k.qexp}, s.id, capacity, s.wakePrefix(), key).Err()
 	if err != nil {
-		s.log.Warn("semaphore: leave the waiting line (the entry lapses by itself)", "key", req.key, "err", err)
+		s.log.Warn("semaphore: leave the waiting line (the entry lapses by itself)", "key", key, "err", err)
 	}
 }

@@ -20,8 +20,8 @@ type acquireConfig struct {
 // WithTTL sets the lease length; the Service's DefaultTTL otherwise.
 func WithTTL(d time.Duration) AcquireOption {
 	return func(c *acquireConfig) {
-		if d <= 0 {
-			c.err = fmt.Errorf("semaphore: WithTTL: ttl must be > 0, got %s", d)
+		if err := checkTTL("WithTTL", d); err != nil {
+			c.err = err
 			return
 		}
 		c.ttl = d
@@ -83,4 +83,13 @@ func (s *Service) acquireConfig(key string, permits int, opts []AcquireOption) (
 		}
 	}
 	return c, nil
+}
+
+// checkTTL rejects a lease shorter than a millisecond: leases are kept in
+// whole milliseconds, and a 0 ms lease would end as it began.
+func checkTTL(what string, d time.Duration) error {
+	if d < time.Millisecond {
+		return fmt.Errorf("semaphore: %s: ttl must be at least 1ms, got %s", what, d)
+	}
+	return nil
 }

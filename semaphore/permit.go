@@ -38,7 +38,7 @@ type Permit struct {
 	renewDone   chan struct{}      // closed when the renewal on the wire ends
 }
 
-func newPermit(s *Service, req request, res attemptResult) *Permit {
+func newPermit(s *Service, req request, res acquireReply) *Permit {
 	lost, markedLost := context.WithCancel(context.Background())
 	return &Permit{
 		s:          s,
@@ -181,7 +181,7 @@ func (p *Permit) Release(ctx context.Context) error {
 	p.mu.Unlock()
 	p.StopAutoRenew()
 
-	held, err := p.s.release(ctx, p)
+	held, err := p.s.release(p)
 	if err != nil {
 		p.mu.Lock()
 		p.released = false
@@ -211,40 +211,11 @@ func (p *Permit) localAcquired() time.Time {
 	return p.deadline.Add(-p.ttl)
 }
 
-// release frees p's seat on the store, handing it to a local waiter when
-// there is one.
-func (s *Service) release(ctx context.Context, p *Permit) (bool, error) {
-	p.awaitReady()
-	if held, handed, err := s.handOverLocally(p); handed {
-		return held, err
-	}
-	held, handed, err := s.handOver(p)
-	if err != nil || handed {
-		return held, err
-	}
-	// One call frees the seat, decides "held" by the store's clock, and
-	// wakes the waiters first in line.
-	vals, err := s.batch.of(p.k.holders).run(releaseScript, []string{p.k.holders, p.k.queue, p.k.parked}, p.member, p.capacity, s.wakePrefix(), p.key, s.wakeFlag()).Slice()
-	if err != nil {
-		return false, err
-	}
-	if len(vals) != 2 {
-		return false, fmt.Errorf("semaphore: release script replied %d values", len(vals))
-	}
-	n, err := replyInt(vals[0])
-	if err != nil {
-		return false, err
-	}
-	token, _ := vals[1].(string)
-	s.woke(p.key, token)
-	return n == 1, nil
-}
-
 // Extend pushes the lease expiry to now + ttl (server time). It returns an
 // error wrapping ErrExtension when the seat is gone on the store.
 func (p *Permit) Extend(ctx context.Context, ttl time.Duration) error {
-	if ttl <= 0 {
-		return fmt.Errorf("semaphore: Extend: ttl must be > 0, got %s", ttl)
+	if err := checkTTL("Extend", ttl); err != nil {
+		return err
 	}
 	p.awaitReady()
 	sent := time.Now()

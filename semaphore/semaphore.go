@@ -92,11 +92,12 @@ type Service struct {
 
 	localHandOvers atomic.Int64 // seats handed to a local waiter in memory
 
-	mu       sync.Mutex
+	mu       sync.Mutex           // guards lines (and their users) and renewing
 	lines    map[string]*line     // keys with local waiters
 	renewing map[*Permit]struct{} // permits with auto-renew on
-	wake     *redis.PubSub        // subscription to this Service's wake channel
-	clock    clockOffset
+
+	wakes wakeListener
+	clock clockOffset
 }
 
 // New returns a Service on rdb. It does not take ownership of rdb: Close
@@ -105,14 +106,19 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 	if rdb == nil {
 		return nil, errors.New("semaphore: New: nil redis client")
 	}
-	if opts.DefaultTTL < 0 {
-		return nil, fmt.Errorf("semaphore: New: DefaultTTL must be > 0, got %s", opts.DefaultTTL)
-	}
 	if opts.Prefix == "" {
 		opts.Prefix = DefaultPrefix
 	}
+	if strings.ContainsAny(opts.Prefix, "{}") {
+		// Every key of a semaphore carries the hash tag of its name; a
+		// brace in the prefix would make the prefix the tag instead.
+		return nil, fmt.Errorf("semaphore: New: Prefix must not contain { or }, got %q", opts.Prefix)
+	}
 	if opts.DefaultTTL == 0 {
 		opts.DefaultTTL = DefaultTTL
+	}
+	if err := checkTTL("New: DefaultTTL", opts.DefaultTTL); err != nil {
+		return nil, err
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -136,16 +142,27 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 	}, nil
 }
 
-// keys are the Redis keys of one semaphore; they share the hash tag {key}.
-// A holder's label travels inside its member of holders (see member).
+// keys are the Redis keys of one semaphore; they share the hash tag {key}
+// (see hashTag). A holder's label travels inside its member of holders
+// (see member).
 type keys struct {
 	holders, queue, qexp, parked string
 }
 
 func (s *Service) keysFor(key string) keys {
-	base := s.prefix + "{" + key + "}:"
+	base := s.prefix + "{" + hashTag(key) + "}:"
 	return keys{holders: base + "holders", queue: base + "queue", qexp: base + "qexp", parked: base + "parked"}
 }
+
+// tagEscaper makes any key a valid hash tag: Redis Cluster hashes what
+// stands between the first "{" and the next "}" (when not empty), so the
+// tag must hold no "}". "%" is escaped too, so that two keys never share a
+// tag.
+var tagEscaper = strings.NewReplacer("%", "%25", "}", "%7D")
+
+// hashTag is key as it stands inside the hash tag of its Redis keys: the
+// key itself unless it holds "}" or "%".
+func hashTag(key string) string { return tagEscaper.Replace(key) }
 
 // member is a permit's member of the holders ZSET: its id, and its label
 // after a newline when it has one (ids are hex, so the first newline ends
@@ -162,10 +179,6 @@ func splitMember(m string) (id, label string) {
 	id, label, _ = strings.Cut(m, "\n")
 	return id, label
 }
-
-// wakePrefix is the prefix of the channels that wake a waiting Service; the
-// Service's id completes the name.
-func (s *Service) wakePrefix() string { return s.prefix + "wake:" }
 
 func checkKey(key string) error {
 	if key == "" {
@@ -334,15 +347,11 @@ func (s *Service) Close() error {
 		s.mu.Lock()
 		renewing := s.renewing
 		s.renewing = map[*Permit]struct{}{}
-		wake := s.wake
-		s.wake = nil
 		s.mu.Unlock()
 		for p := range renewing {
 			p.stopRenew() // not under s.mu: a renewal ending may take it
 		}
-		if wake != nil {
-			_ = wake.Close() // only closes our own subscription connection
-		}
+		s.stopListening()
 	})
 	return nil
 }
