@@ -93,8 +93,10 @@ func TestAcquireReasons(t *testing.T) {
 		mustAcquire(t, s, key, 1)
 		cctx, cancel := context.WithCancel(ctx)
 		go func() {
-			waitfor.Condition(t, 5*time.Second, "waiter queued", func() bool { return queued(t, srv.Client(), key) })
-			cancel()
+			defer cancel() // also when the waiter never queues: the Acquire must end
+			if !waitfor.Eventually(5*time.Second, func() bool { return queued(t, srv.Client(), key) }) {
+				t.Error("the waiter did not queue within 5s")
+			}
 		}()
 		_, err := s.Acquire(cctx, key, 1)
 		if r := reasonOf(t, err); r != semaphore.ReasonCanceled {
@@ -109,8 +111,10 @@ func TestAcquireReasons(t *testing.T) {
 		key := uniqueKey(t)
 		mustAcquire(t, s, key, 1)
 		go func() {
-			waitfor.Condition(t, 5*time.Second, "waiter queued", func() bool { return queued(t, srv.Client(), key) })
-			_ = s.Close()
+			defer s.Close() // also when the waiter never queues: the Acquire must end
+			if !waitfor.Eventually(5*time.Second, func() bool { return queued(t, srv.Client(), key) }) {
+				t.Error("the waiter did not queue within 5s")
+			}
 		}()
 		_, err := s.Acquire(ctx, key, 1)
 		if r := reasonOf(t, err); r != semaphore.ReasonShutdown {
@@ -147,8 +151,10 @@ func TestAcquireReasons(t *testing.T) {
 		key := uniqueKey(t)
 		mustAcquire(t, s, key, 1)
 		go func() {
-			waitfor.Condition(t, 5*time.Second, "waiter queued", func() bool { return queued(t, own.Client(), key) })
-			own.Stop()
+			defer own.Stop() // also when the waiter never queues: the Acquire must end
+			if !waitfor.Eventually(5*time.Second, func() bool { return queued(t, own.Client(), key) }) {
+				t.Error("the waiter did not queue within 5s")
+			}
 		}()
 		_, err := s.Acquire(ctx, key, 1, semaphore.WithWaitTimeout(20*time.Second))
 		if r := reasonOf(t, err); r != semaphore.ReasonError {

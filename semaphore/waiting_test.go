@@ -59,59 +59,64 @@ func TestFirstComeFirstServed(t *testing.T) {
 	}
 }
 
-// TestWaiterWakesPromptly: a waiter whose backoff has grown long still
-// takes a seat within a few milliseconds of a release by another process,
-// a force-release, or a lease expiry. The bound (100 ms) is far above the
-// expected wake-up (about a millisecond) and far below the backoff the
-// waiter would otherwise sleep out (up to a second).
+// TestWaiterWakesPromptly: a waiter whose backoff has grown long (it
+// sleeps at least grown between attempts) still takes a seat within a few
+// milliseconds of a release by another process, a force-release, or a
+// lease expiry. The bound (100 ms) is far above the expected wake-up
+// (about a millisecond) and far below the backoff the waiter would
+// otherwise sleep out.
 func TestWaiterWakesPromptly(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	holders, waiters := newService(t, srv.Client()), newService(t, srv.Client())
 	const bound = 100 * time.Millisecond
-	const settle = 1200 * time.Millisecond // lets the waiter's backoff grow
+	const grown = 400 * time.Millisecond
 
 	free := map[string]func(key string, p *semaphore.Permit) time.Time{
 		"release": func(key string, p *semaphore.Permit) time.Time {
-			time.Sleep(settle)
 			if err := p.Release(ctx); err != nil {
 				t.Error(err)
 			}
 			return time.Now()
 		},
 		"force-release": func(key string, p *semaphore.Permit) time.Time {
-			time.Sleep(settle)
 			if _, err := holders.ForceReleaseAll(ctx, key); err != nil {
 				t.Error(err)
 			}
 			return time.Now()
 		},
 		"expiry": func(key string, p *semaphore.Permit) time.Time {
+			// The lease ends by the server's clock (loopback keeps ours
+			// close), further ahead than the longest backoff: the waiter
+			// learns of the new expiry on its next attempt and times its
+			// next one by it.
+			if err := p.Extend(ctx, 2500*time.Millisecond); err != nil {
+				t.Error(err)
+			}
 			expires := p.ExpiresAt()
-			// The lease ends by the server's clock; loopback keeps ours close.
-			time.Sleep(time.Until(expires))
+			time.Sleep(time.Until(expires)) // the event itself, not a hope
 			return expires
 		},
 	}
 	for name, freeSeat := range free {
 		t.Run(name, func(t *testing.T) {
 			key := uniqueKey(t)
-			ttl := 10 * time.Second
-			if name == "expiry" {
-				ttl = settle
-			}
-			p := mustAcquire(t, holders, key, 1, semaphore.WithTTL(ttl))
-			freed := make(chan time.Time, 1)
-			go func() { freed <- freeSeat(key, p) }()
-			q, err := waiters.Acquire(ctx, key, 1, semaphore.WithWaitTimeout(10*time.Second))
-			got := time.Now()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer q.Release(ctx)
-			at := <-freed
-			if lag := got.Sub(at); lag > bound {
-				t.Fatalf("waiter took the seat %s after the %s", lag, name)
+			p := mustAcquire(t, holders, key, 1, semaphore.WithTTL(time.Minute))
+			got := acquireInLine(t, waiters, key)
+			waitfor.Condition(t, 10*time.Second, "the waiter's backoff grows", func() bool { return waiters.LineBackoff(key) >= grown })
+			at := freeSeat(key, p)
+			select {
+			case q := <-got:
+				lag := time.Since(at)
+				if q == nil {
+					t.FailNow() // acquireInLine reported the error
+				}
+				defer q.Release(ctx)
+				if lag > bound {
+					t.Fatalf("waiter took the seat %s after the %s", lag, name)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("waiter had no seat 10s after the %s", name)
 			}
 		})
 	}
