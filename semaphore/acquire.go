@@ -147,6 +147,9 @@ type acquireArgs struct {
 	// release is the member of a seat of ours given back in the same
 	// call (a hand-over through the store); "" for none.
 	release string
+	// unpark is the caller's parked token (WithUnpark): a grant takes it
+	// out of the parked line.
+	unpark string
 }
 
 // acquireReply is acquire.lua's answer.
@@ -174,18 +177,20 @@ type acquireReply struct {
 
 // newAcquireArgs asks for a seat for req under a new permit id.
 func newAcquireArgs(req request) acquireArgs {
-	return acquireArgs{member: member(randomID(), req.cfg.holder), ttl: req.cfg.ttl, capacity: req.capacity}
+	return acquireArgs{member: member(randomID(), req.cfg.holder), ttl: req.cfg.ttl, capacity: req.capacity, unpark: req.cfg.unpark}
 }
 
 // callAcquire runs acquire.lua once.
 func (s *Service) callAcquire(k keys, key string, a acquireArgs) (acquireReply, error) {
 	r := acquireReply{member: a.member, sent: time.Now()}
 	r.permitID, _ = splitMember(a.member)
-	argv := []any{a.member, a.ttl.Milliseconds(), a.capacity,
-		a.entry, lineEntryTTL.Milliseconds(), s.wakePrefix(), key, ticketArg(a.ticket), ticketArg(a.nextTicket), a.release}
+	takeToken := ""
 	if a.release != "" {
-		argv = append(argv, s.wakeFlag())
+		takeToken = s.wakeFlag()
 	}
+	argv := []any{a.member, a.ttl.Milliseconds(), a.capacity,
+		a.entry, lineEntryTTL.Milliseconds(), s.wakePrefix(), key, ticketArg(a.ticket), ticketArg(a.nextTicket), a.release,
+		takeToken, a.unpark}
 	for len(argv) > 7 && argv[len(argv)-1] == "" {
 		argv = argv[:len(argv)-1] // the script reads absent optional arguments as ''
 	}

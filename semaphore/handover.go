@@ -91,7 +91,7 @@ func (l *line) settleHeadWith(p *Permit) (call *evalCall, q *Permit, ok bool) {
 	// The call goes first, then the waiter wakes: it runs while the
 	// releasing goroutine waits for the reply.
 	call = &evalCall{script: handoffScript, keys: []string{l.k.holders, l.k.queue, l.k.qexp, l.k.parked},
-		args: []any{p.member, q.member, q.ttl.Milliseconds(), l.s.id, ticketArg(next), lineEntryTTL.Milliseconds(), l.s.wakeFlag()}}
+		args: []any{p.member, q.member, q.ttl.Milliseconds(), l.s.id, ticketArg(next), lineEntryTTL.Milliseconds(), l.s.wakeFlag(), head.req.cfg.unpark}}
 	l.s.batch.of(l.k.holders).submit(call)
 	head.handed = true
 	l.settle(head, q, nil)

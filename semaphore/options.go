@@ -14,6 +14,7 @@ type acquireConfig struct {
 	maxAttempts int           // 0: no cap
 	autoRenew   bool
 	holder      string
+	unpark      string // the caller's parked token, if any
 	err         error
 }
 
@@ -63,6 +64,14 @@ func WithAutoRenew() AcquireOption {
 // passes the task ID.
 func WithHolder(label string) AcquireOption {
 	return func(c *acquireConfig) { c.holder = label }
+}
+
+// WithUnpark names the caller's token in the key's parked line (see
+// Service.Park): the seat it takes takes the token out of the line in the
+// same call, so that a task that runs leaves no token behind. A token not
+// parked is ignored.
+func WithUnpark(token string) AcquireOption {
+	return func(c *acquireConfig) { c.unpark = token }
 }
 
 func (s *Service) acquireConfig(key string, permits int, opts []AcquireOption) (acquireConfig, error) {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/internal/waitfor"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
@@ -121,4 +122,50 @@ func newWakingService(t *testing.T) (s *semaphore.Service, woken chan string) {
 		o.OnWake = func(key, token string) { woken <- token }
 	})
 	return s, woken
+}
+
+// TestATokenParksOnce: a task that goes back and parks again while the key
+// stays contended keeps one token and its first place, and a task that
+// takes a seat with WithUnpark leaves no token behind, whether it takes the
+// seat itself or has it handed over by a local release. (Every park used to
+// add a token: the parked line grew without bound.)
+func TestATokenParksOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	s := newService(t, srv.Client())
+	key := uniqueKey(t)
+	parkedKey := semaphore.DefaultPrefix + "{" + key + "}:parked"
+	holder := mustAcquire(t, s, key, 1)
+	for _, token := range []string{"a", "b", "a", "b", "c", "a"} {
+		if parked, err := s.Park(ctx, key, 1, token, time.Minute); err != nil || !parked {
+			t.Fatalf("Park %s = %v, %v", token, parked, err)
+		}
+	}
+	if n := srv.Client().ZCard(ctx, parkedKey).Val(); n != 3 {
+		t.Fatalf("%d tokens parked for 3 tasks", n)
+	}
+	// b's task takes a seat by a local hand-over, c's its own way.
+	got := acquireInLine(t, s, key, semaphore.WithUnpark("b"))
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	q := <-got
+	if q == nil {
+		t.FailNow()
+	}
+	if err := q.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// (The emptied local line leaves the fleet-wide line a moment later.)
+	waitfor.Condition(t, 2*time.Second, "c's task takes the free seat", func() bool {
+		r, err := s.TryAcquire(ctx, key, 1, semaphore.WithUnpark("c"))
+		return err == nil && r != nil
+	})
+	left, err := srv.Client().ZRange(ctx, parkedKey, 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 1 || left[0] != "a" {
+		t.Fatalf("parked after b and c took seats: %q, want [a]", left)
+	}
 }

@@ -249,64 +249,6 @@ func (s *Service) Holders(ctx context.Context, key string) ([]Holder, error) {
 	return out, nil
 }
 
-// Park records token as waiting for a seat of key (a semaphore of permits
-// seats) outside this Service, such as a task that went back to its queue,
-// unless a seat is free for a newcomer now: then it returns false and the
-// caller should try to take the seat instead. Each later release of a seat
-// of key by a Service with Options.OnWake (on the same Redis and prefix)
-// takes the first parked token and hands it to that OnWake; Services
-// without one leave the tokens alone. The parked
-// line lapses ttl after its last token; a token is handed out once.
-func (s *Service) Park(ctx context.Context, key string, permits int, token string, ttl time.Duration) (bool, error) {
-	if err := checkKey(key); err != nil {
-		return false, err
-	}
-	if err := checkPermits(permits); err != nil {
-		return false, err
-	}
-	if token == "" || ttl <= 0 {
-		return false, fmt.Errorf("semaphore: Park: want a token and a ttl > 0, got %q and %s", token, ttl)
-	}
-	k := s.keysFor(key)
-	n, err := parkScript.Run(ctx, s.rdb, []string{k.holders, k.queue, k.parked}, permits, token, ttl.Milliseconds()).Int()
-	if err != nil {
-		return false, fmt.Errorf("semaphore: park on %q: %w", key, err)
-	}
-	return n == 1, nil
-}
-
-// Unpark takes the first token parked on key, if any ("" when none): for
-// an OnWake that found its token stale and wakes the next instead.
-func (s *Service) Unpark(ctx context.Context, key string) (string, error) {
-	if err := checkKey(key); err != nil {
-		return "", err
-	}
-	token, err := s.rdb.LPop(ctx, s.keysFor(key).parked).Result()
-	if errors.Is(err, redis.Nil) {
-		return "", nil
-	}
-	if err != nil {
-		return "", fmt.Errorf("semaphore: unpark on %q: %w", key, err)
-	}
-	return token, nil
-}
-
-// wakeFlag tells the release scripts whether to take a parked token: only
-// a Service with OnWake does, so that others leave the tokens alone.
-func (s *Service) wakeFlag() string {
-	if s.onWake != nil {
-		return "1"
-	}
-	return "0"
-}
-
-// woke hands a token taken by a release to Options.OnWake.
-func (s *Service) woke(key, token string) {
-	if token != "" && s.onWake != nil {
-		go s.onWake(key, token)
-	}
-}
-
 // ForceReleaseAll frees every seat of key and returns how many live holders
 // it displaced. Their Release returns ErrPermitNotHeld, their Extend
 // ErrExtension. Waiters are woken, and with Options.OnWake a parked token

@@ -5,8 +5,9 @@
 --                  permit id, or the permit id, "\n" and the holder label
 -- KEYS[2] queue    ZSET waiter entry -> ticket (arrival, server µs)
 -- KEYS[3] qexp     ZSET waiter entry -> entry expiry (server ms)
--- KEYS[4] parked   LIST of tokens (see park.lua): a hand-over releases a
---                  seat, so it takes the first
+-- KEYS[4] parked   ZSET token -> when it first parked (see park.lua): a
+--                  hand-over releases a seat, so it takes the first; a
+--                  grant takes ARGV[12] out
 -- ARGV[1] member to grant
 -- ARGV[2] lease TTL, ms
 -- ARGV[3] capacity
@@ -18,6 +19,8 @@
 -- ARGV[9] after a grant: ''/absent drops the entry, a ticket re-queues it
 -- ARGV[10] member to release first (''/absent for none): a hand-over
 -- ARGV[11] '1' to take a parked token when ARGV[10]'s seat was held
+-- ARGV[12] the parked token of the caller (''/absent for none): a grant
+--          takes it out of the parked line, as its task now runs
 --
 -- Tickets are integers of 16 digits: they travel as strings, because Lua
 -- would print such a number with 14 significant digits.
@@ -94,6 +97,7 @@ if free > 0 then
     if redis.call('PTTL', holders) < ttl then
       redis.call('PEXPIRE', holders, ttl * 2)
     end
+    if (ARGV[12] or '') ~= '' then redis.call('ZREM', KEYS[4], ARGV[12]) end
     if entry ~= '' then
       if nextTicket ~= '' then
         waiting = waiting + redis.call('ZADD', queue, nextTicket, entry)
@@ -144,5 +148,8 @@ if granted == 0 then
   if #e > 0 then earliest = tonumber(e[2]) end
 end
 local token = ''
-if released == 1 and ARGV[11] == '1' then token = redis.call('LPOP', KEYS[4]) or '' end
+if released == 1 and ARGV[11] == '1' then
+  local first = redis.call('ZPOPMIN', KEYS[4])
+  if #first > 0 then token = first[1] end
+end
 return {granted, now, released, earliest, other, t[1], t[2], token, math.max(free, 0)}

@@ -3,7 +3,7 @@
 --
 -- KEYS[1] holders  ZSET member -> lease expiry (server ms)
 -- KEYS[2] queue    ZSET waiter entry -> ticket
--- KEYS[3] parked   LIST of tokens
+-- KEYS[3] parked   ZSET token -> when it first parked
 -- ARGV[1] wake channel prefix (the entry's name is appended)
 -- ARGV[2] the semaphore key, sent as the wake message
 -- ARGV[3] '1' to take parked tokens (the Service hands them on)
@@ -23,10 +23,9 @@ for _, e in ipairs(redis.call('ZRANGE', queue, 0, -1)) do
 end
 local reply = {live}
 if ARGV[3] == '1' then
-  for _ = 1, freed do
-    local token = redis.call('LPOP', KEYS[3])
-    if not token then break end
-    reply[#reply + 1] = token
+  if freed > 0 then
+    local popped = redis.call('ZPOPMIN', KEYS[3], freed)
+    for i = 1, #popped, 2 do reply[#reply + 1] = popped[i] end
   end
 end
 return reply

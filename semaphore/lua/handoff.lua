@@ -5,8 +5,9 @@
 -- KEYS[1] holders  ZSET member -> lease expiry (server ms)
 -- KEYS[2] queue    ZSET waiter entry -> ticket (arrival, server µs)
 -- KEYS[3] qexp     ZSET waiter entry -> entry expiry (server ms)
--- KEYS[4] parked   LIST of tokens (see park.lua): a moved seat is a release
---                  too, so it takes the first
+-- KEYS[4] parked   ZSET token -> when it first parked (see park.lua): a
+--                  moved seat is a release too, so it takes the first; the
+--                  taker's own token (ARGV[8]) leaves
 -- ARGV[1] member giving the seat up
 -- ARGV[2] member taking it
 -- ARGV[3] the new lease's TTL, ms
@@ -15,6 +16,8 @@
 --         queued, is re-stamped with it and refreshed
 -- ARGV[6] queue entry TTL, ms
 -- ARGV[7] '1' to take a parked token
+-- ARGV[8] the taker's parked token ('' for none): it leaves the parked
+--         line, as its task now runs
 --
 -- Reply: {1 moved | 0 the seat was already lost (nothing moved), now ms,
 --         first ticket of another entry in line ('' if none), now µs,
@@ -52,5 +55,11 @@ if ARGV[5] ~= '' and #first > 0 then
   redis.call('ZADD', qexp, 'XX', now + tonumber(ARGV[6]), ARGV[4])
 end
 local token = ''
-if moved == 1 and ARGV[7] == '1' then token = redis.call('LPOP', KEYS[4]) or '' end
+if moved == 1 then
+  if ARGV[8] ~= '' then redis.call('ZREM', KEYS[4], ARGV[8]) end
+  if ARGV[7] == '1' then
+    local first = redis.call('ZPOPMIN', KEYS[4])
+    if #first > 0 then token = first[1] end
+  end
+end
 return {moved, now, other, nowus, token}

@@ -3,7 +3,7 @@
 --
 -- KEYS[1] holders  ZSET member -> lease expiry (server ms)
 -- KEYS[2] queue    ZSET waiter entry -> ticket
--- KEYS[3] parked   LIST of tokens
+-- KEYS[3] parked   ZSET token -> when it first parked
 -- ARGV[1] member (permit id, or id "\n" label)
 -- ARGV[2] capacity
 -- ARGV[3] wake channel prefix (the entry's name is appended)
@@ -30,4 +30,6 @@ if redis.call('ZCARD', queue) > 0 then
   end
 end
 if ARGV[5] ~= '1' then return {1, ''} end
-return {1, redis.call('LPOP', KEYS[3]) or ''}
+local first = redis.call('ZPOPMIN', KEYS[3])
+if #first == 0 then return {1, ''} end
+return {1, first[1]}
