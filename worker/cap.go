@@ -298,7 +298,6 @@ type requeueRequest struct {
 // a seat: when a cap is full it gives back what it took, then waits on
 // (mode wait, or a standby place in mode requeue) or gives up on that cap.
 func (w *Worker) takeSeats(ctx context.Context, t *asynq.Task, seats []seat, mustTry bool) ([]heldSeat, *requeueRequest) {
-	taskID, _ := asynq.GetTaskID(ctx)
 	taken := make([]*semaphore.Permit, len(seats))
 	giveBack := func() {
 		for i, p := range taken {
@@ -324,7 +323,7 @@ func (w *Worker) takeSeats(ctx context.Context, t *asynq.Task, seats []seat, mus
 				full = i
 				break
 			}
-			p, err := w.sem.TryAcquire(ctx, s.key, s.capacity, w.permitOptions(s, taskID)...)
+			p, err := w.sem.TryAcquire(ctx, s.key, s.capacity, w.permitOptions(ctx, s)...)
 			if err != nil {
 				giveBack()
 				return nil, w.acquireFailed(s.key, err)
@@ -356,7 +355,7 @@ func (w *Worker) takeSeats(ctx context.Context, t *asynq.Task, seats []seat, mus
 			if waitDeadline.IsZero() {
 				waitDeadline = time.Now().Add(s.spec.WaitTimeout)
 			}
-			p, err := w.waitForSeat(ctx, s, taskID, time.Until(waitDeadline))
+			p, err := w.waitForSeat(ctx, s, time.Until(waitDeadline))
 			if !waitMode {
 				w.caps.leaveStandby(s.key)
 			}
@@ -379,7 +378,7 @@ func (w *Worker) takeSeats(ctx context.Context, t *asynq.Task, seats []seat, mus
 }
 
 // waitForSeat waits up to budget for a seat of s.
-func (w *Worker) waitForSeat(ctx context.Context, s seat, taskID string, budget time.Duration) (*semaphore.Permit, error) {
+func (w *Worker) waitForSeat(ctx context.Context, s seat, budget time.Duration) (*semaphore.Permit, error) {
 	if budget <= 0 {
 		return nil, &semaphore.AcquisitionError{Key: s.key, Reason: semaphore.ReasonTimeout}
 	}
@@ -389,11 +388,16 @@ func (w *Worker) waitForSeat(ctx context.Context, s seat, taskID string, budget 
 		obs.Waiting(s.key, 1)
 		defer obs.Waiting(s.key, -1)
 	}
-	return w.sem.Acquire(ctx, s.key, s.capacity, append(w.permitOptions(s, taskID), semaphore.WithWaitTimeout(budget))...)
+	return w.sem.Acquire(ctx, s.key, s.capacity, append(w.permitOptions(ctx, s), semaphore.WithWaitTimeout(budget))...)
 }
 
-func (w *Worker) permitOptions(s seat, taskID string) []semaphore.AcquireOption {
-	opts := []semaphore.AcquireOption{semaphore.WithTTL(s.spec.TTL), semaphore.WithHolder(taskID)}
+// permitOptions are the options of a seat taken for the task of ctx: its
+// ID labels the seat, and taking it takes the task's token out of the
+// key's parked line.
+func (w *Worker) permitOptions(ctx context.Context, s seat) []semaphore.AcquireOption {
+	taskID, _ := asynq.GetTaskID(ctx)
+	queue, _ := asynq.GetQueueName(ctx)
+	opts := []semaphore.AcquireOption{semaphore.WithTTL(s.spec.TTL), semaphore.WithHolder(taskID), semaphore.WithUnpark(parkToken(queue, taskID))}
 	if s.spec.AutoRenewEnabled() {
 		opts = append(opts, semaphore.WithAutoRenew())
 	}

@@ -4,8 +4,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 	"sync"
+
+	"github.com/fleetcap/fleetcap/internal/asynqx"
 )
 
 // asynqLogger writes asynq's log lines to slog.
@@ -29,7 +30,7 @@ func (a *asynqLogger) Debug(args ...any) { a.log.Debug(fmt.Sprint(args...)) }
 func (a *asynqLogger) Info(args ...any)  { a.log.Info(fmt.Sprint(args...)) }
 func (a *asynqLogger) Warn(args ...any) {
 	msg := fmt.Sprint(args...)
-	if id, ok := strings.CutPrefix(msg, "revoke task id="); ok {
+	if id, ok := asynqx.RevokedTaskID(msg); ok {
 		if _, ours := a.revoked.LoadAndDelete(id); ours {
 			a.log.Debug(msg)
 			return

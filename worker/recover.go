@@ -2,10 +2,9 @@ package worker
 
 import (
 	"context"
-	_ "embed"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/fleetcap/fleetcap/internal/asynqx"
 )
 
 // Recovering the tasks of a dead worker. asynq leases each active task for
@@ -16,17 +15,12 @@ import (
 // checks every recoverInterval and brings back, without spending a retry,
 // tasks whose lease expired more than recoverGrace ago: about 35 to 40 s
 // after the crash. asynq offers no setting for this, so it follows asynq's
-// own requeue on asynq's keys.
+// own requeue on asynq's keys (asynqx.RecoverExpired).
 const (
 	recoverInterval = 5 * time.Second
 	recoverGrace    = 5 * time.Second // clock skew between workers it tolerates: up to 25 s
 	maxRecoveries   = 3
 )
-
-//go:embed lua/recover.lua
-var recoverSrc string
-
-var recoverScript = redis.NewScript(recoverSrc)
 
 // recoverLoop runs until ctx is done.
 func (w *Worker) recoverLoop(ctx context.Context) {
@@ -44,11 +38,9 @@ func (w *Worker) recoverLoop(ctx context.Context) {
 
 // recoverOnce brings back the lease-expired tasks of every queue.
 func (w *Worker) recoverOnce(ctx context.Context) {
-	cutoff := time.Now().Add(-recoverGrace).Unix()
+	cutoff := time.Now().Add(-recoverGrace)
 	for queue := range w.cfg.Worker.Queues {
-		prefix := "asynq:{" + queue + "}:"
-		ids, err := recoverScript.Run(ctx, w.rdb, []string{prefix + "active", prefix + "lease", prefix + "pending"},
-			cutoff, prefix+"t:", maxRecoveries).StringSlice()
+		ids, err := asynqx.RecoverExpired(ctx, w.rdb, queue, cutoff, maxRecoveries)
 		if err != nil {
 			if ctx.Err() == nil {
 				w.log.Warn("worker: recover tasks of dead workers", "queue", queue, "err", err)

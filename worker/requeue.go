@@ -29,7 +29,7 @@ type RequeueError struct {
 }
 
 func (e *RequeueError) Error() string {
-	msg := fmt.Sprintf("fleetcap: requeued without a seat of %q (%s)", e.Key, e.Why)
+	msg := fmt.Sprintf("%s (%s)", requeueMark(e.Key), e.Why)
 	if e.Err != nil {
 		msg += ": " + e.Err.Error()
 	}
@@ -38,6 +38,13 @@ func (e *RequeueError) Error() string {
 
 // Unwrap returns the cause.
 func (e *RequeueError) Unwrap() error { return e.Err }
+
+// requeueMark is the start of a RequeueError's message, which asynq keeps
+// with the task while it waits: a wake-up checks it to bring back only a
+// task that still waits for a seat of key (see parking).
+func requeueMark(key string) string {
+	return fmt.Sprintf("fleetcap: requeued without a seat of %q", key)
+}
 
 // IsFailure is the asynq Config.IsFailure of fleetcap workers: a requeue for
 // a seat is not a failure and spends no retry.

@@ -148,7 +148,7 @@ func (w *Worker) connect() error {
 	}
 	w.insp = asynq.NewInspector(w.connOpt)
 	w.client = asynq.NewClient(w.connOpt)
-	w.parking.sem, w.parking.insp = w.sem, w.insp
+	w.parking.sem, w.parking.rdb = w.sem, w.rdb
 	return nil
 }
 

@@ -1,0 +1,123 @@
+// Package asynqx holds everything fleetcap relies on that asynq does not
+// promise. The rest of fleetcap reaches asynq through its public API and
+// this package only. It assumes, of asynq PinnedVersion:
+//
+//   - the keys of a queue (QueueKeys): asynq:{queue}:pending, active,
+//     lease, retry, scheduled, and a hash per task at asynq:{queue}:t:<id>;
+//   - a task hash's fields "state" (pending, active, scheduled, retry,
+//     archived, completed) and "msg", the encoded task, in which a task's
+//     last error message and its headers appear verbatim;
+//   - enqueue pushes onto the left of pending and dequeue takes from the
+//     right, so a task pushed on the right runs next (Wake,
+//     RecoverExpired);
+//   - an active task's lease is its score in the lease set, Unix seconds;
+//   - the warning asynq logs for a revoked task (RevokedTaskID).
+//
+// seam_test.go pins each assumption against the asynq that go.mod
+// requires: an upgrade that changes one fails there, loudly, before it
+// can misbehave in a fleet.
+package asynqx
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// PinnedVersion is the asynq release whose internals this package was
+// written against and is tested with.
+const PinnedVersion = "v0.26.0"
+
+// Keys are the Redis keys of one asynq queue; they share the hash tag
+// {queue}, so a script may use them together on a Cluster.
+type Keys struct {
+	Pending    string // LIST of task ids: enqueue LPUSHes, dequeue takes the right end
+	Active     string // LIST of ids being processed
+	Lease      string // ZSET id -> lease expiry, Unix s
+	Retry      string // ZSET id -> when to retry, Unix s
+	Scheduled  string // ZSET id -> when to process, Unix s
+	TaskPrefix string // + id: the task's HASH (state, msg, ...)
+}
+
+// QueueKeys returns the keys of queue.
+func QueueKeys(queue string) Keys {
+	p := "asynq:{" + queue + "}:"
+	return Keys{Pending: p + "pending", Active: p + "active", Lease: p + "lease", Retry: p + "retry",
+		Scheduled: p + "scheduled", TaskPrefix: p + "t:"}
+}
+
+// Task reports the state asynq records for a task ("pending", "active",
+// "retry", ...) and its encoded message ("" and "" when the task does not
+// exist).
+func Task(ctx context.Context, rdb redis.Cmdable, queue, id string) (state, msg string, err error) {
+	vals, err := rdb.HMGet(ctx, QueueKeys(queue).TaskPrefix+id, "state", "msg").Result()
+	if err != nil {
+		return "", "", fmt.Errorf("asynqx: read task %s of queue %q: %w", id, queue, err)
+	}
+	state, _ = vals[0].(string)
+	msg, _ = vals[1].(string)
+	return state, msg, nil
+}
+
+//go:embed lua/wake.lua
+var wakeSrc string
+
+var wakeScript = redis.NewScript(wakeSrc)
+
+// WakeResult is what Wake did.
+type WakeResult int
+
+// The results of Wake.
+const (
+	Gone   WakeResult = iota // the task no longer waits for the seat: left alone
+	Woken                    // the task was moved to the dequeuing end of its queue
+	Active                   // the task is still being processed (it may be about to wait)
+)
+
+// Wake moves a task that waits for a seat to the dequeuing end of its
+// queue, so that it runs next, but only while it still waits for that
+// seat: in the retry set with retryMark in its message, or in the
+// scheduled set with copyMark in it (a copy enqueued in its stead).
+func Wake(ctx context.Context, rdb redis.Scripter, queue, id, retryMark, copyMark string) (WakeResult, error) {
+	k := QueueKeys(queue)
+	n, err := wakeScript.Run(ctx, rdb, []string{k.TaskPrefix + id, k.Retry, k.Scheduled, k.Pending},
+		id, retryMark, copyMark, time.Now().UnixNano()).Int()
+	if err != nil {
+		return Gone, fmt.Errorf("asynqx: wake task %s of queue %q: %w", id, queue, err)
+	}
+	switch n {
+	case 1:
+		return Woken, nil
+	case 2:
+		return Active, nil
+	}
+	return Gone, nil
+}
+
+//go:embed lua/recover.lua
+var recoverSrc string
+
+var recoverScript = redis.NewScript(recoverSrc)
+
+// RecoverExpired brings back, to the dequeuing end of queue, the active
+// tasks whose lease expired before cutoff (their worker died or lost
+// Redis), as asynq's own requeue does but without spending a retry; each
+// task at most maxTimes. It returns the ids brought back.
+func RecoverExpired(ctx context.Context, rdb redis.Scripter, queue string, cutoff time.Time, maxTimes int) ([]string, error) {
+	k := QueueKeys(queue)
+	ids, err := recoverScript.Run(ctx, rdb, []string{k.Active, k.Lease, k.Pending}, cutoff.Unix(), k.TaskPrefix, maxTimes).StringSlice()
+	if err != nil {
+		return nil, fmt.Errorf("asynqx: recover tasks of queue %q: %w", queue, err)
+	}
+	return ids, nil
+}
+
+// RevokedTaskID reads the warning asynq logs when a handler revokes a task
+// ("revoke task id=<id>").
+func RevokedTaskID(logLine string) (id string, ok bool) {
+	return strings.CutPrefix(logLine, "revoke task id=")
+}

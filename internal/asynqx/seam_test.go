@@ -1,0 +1,310 @@
+package asynqx_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetcap/fleetcap/internal/asynqx"
+	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/internal/waitfor"
+)
+
+// These tests pin what package asynqx assumes of asynq's internals against
+// the asynq that go.mod requires. When one fails after an upgrade, read
+// the new asynq's internal/rdb/rdb.go and processor.go, mend asynqx, and
+// only then move PinnedVersion.
+
+func TestPinnedVersion(t *testing.T) {
+	goMod, err := os.ReadFile("../../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(goMod)) {
+		f := strings.Fields(line)
+		if len(f) >= 2 && f[0] == "require" {
+			f = f[1:]
+		}
+		if len(f) >= 2 && f[0] == "github.com/hibiken/asynq" {
+			if f[1] != asynqx.PinnedVersion {
+				t.Fatalf("go.mod requires asynq %s, but package asynqx was written and tested against %s: "+
+					"check every assumption it makes (its doc comment lists them), then update PinnedVersion",
+					f[1], asynqx.PinnedVersion)
+			}
+			return
+		}
+	}
+	t.Fatal("go.mod does not require github.com/hibiken/asynq")
+}
+
+// seam is an asynq client, inspector and raw Redis client on a private
+// redis-server.
+type seam struct {
+	t      *testing.T
+	srv    *redistest.Server
+	rdb    *redis.Client
+	client *asynq.Client
+	insp   *asynq.Inspector
+}
+
+func newSeam(t *testing.T) *seam {
+	srv := redistest.Start(t)
+	conn := asynq.RedisClientOpt{Addr: srv.Addr()}
+	s := &seam{t: t, srv: srv, rdb: srv.Client(), client: asynq.NewClient(conn), insp: asynq.NewInspector(conn)}
+	t.Cleanup(func() { _ = s.client.Close(); _ = s.insp.Close() })
+	return s
+}
+
+// serve runs an asynq server with handler h on queue "q" until the test
+// ends; failures are not failures when notFailure says so.
+func (s *seam) serve(h asynq.HandlerFunc, logger asynq.Logger) {
+	srv := asynq.NewServer(asynq.RedisClientOpt{Addr: s.srv.Addr()}, asynq.Config{
+		Concurrency:              1,
+		Queues:                   map[string]int{"q": 1},
+		TaskCheckInterval:        10 * time.Millisecond,
+		DelayedTaskCheckInterval: time.Hour, // nothing comes back by itself
+		IsFailure:                func(err error) bool { return !strings.Contains(err.Error(), "waiting for seat") },
+		RetryDelayFunc:           func(int, error, *asynq.Task) time.Duration { return time.Hour },
+		Logger:                   logger,
+		LogLevel:                 asynq.WarnLevel,
+		ShutdownTimeout:          time.Second,
+	})
+	if err := srv.Start(h); err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(srv.Shutdown)
+}
+
+func (s *seam) state(id string) string {
+	s.t.Helper()
+	state, _, err := asynqx.Task(context.Background(), s.rdb, "q", id)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return state
+}
+
+func (s *seam) waitState(id, want string) {
+	s.t.Helper()
+	waitfor.Condition(s.t, 10*time.Second, "task "+id+" "+want, func() bool { return s.state(id) == want })
+}
+
+// TestStatesAndKeys: asynq keeps a task's state and message in the hash
+// QueueKeys(q).TaskPrefix+id, under the state names asynqx reads, and its
+// pending, scheduled and retry ids where QueueKeys says.
+func TestStatesAndKeys(t *testing.T) {
+	s := newSeam(t)
+	ctx := context.Background()
+	k := asynqx.QueueKeys("q")
+	pending, err := s.client.Enqueue(asynq.NewTask("t", nil), asynq.Queue("q"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	scheduled, err := s.client.Enqueue(asynq.NewTask("t", nil), asynq.Queue("q"), asynq.ProcessIn(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := s.state(pending.ID); st != "pending" {
+		t.Fatalf("enqueued task state %q, want pending", st)
+	}
+	if ids := s.rdb.LRange(ctx, k.Pending, 0, -1).Val(); !slices.Contains(ids, pending.ID) {
+		t.Fatalf("pending list %v lacks %s", ids, pending.ID)
+	}
+	if st := s.state(scheduled.ID); st != "scheduled" {
+		t.Fatalf("scheduled task state %q", st)
+	}
+	if _, err := s.rdb.ZScore(ctx, k.Scheduled, scheduled.ID).Result(); err != nil {
+		t.Fatalf("scheduled set lacks %s: %v", scheduled.ID, err)
+	}
+	if st := s.state("no-such-task"); st != "" {
+		t.Fatalf("a missing task has state %q", st)
+	}
+}
+
+// TestWake: a task that waits for a seat (in the retry set with the
+// requeue text in its message, or a copy scheduled with the copy header)
+// is brought back and runs before the tasks enqueued before it; a task that
+// completed (kept by Retention), was archived, retries after a real
+// failure, or is being processed is left alone.
+func TestWake(t *testing.T) {
+	s := newSeam(t)
+	ctx := context.Background()
+	const mark = `fleetcap: waiting for seat of "k"`
+	const copyHeader = "copied-from"
+	var mu sync.Mutex
+	var ran []string
+	release := make(chan struct{})
+	s.serve(func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		mu.Lock()
+		ran = append(ran, id)
+		mu.Unlock()
+		switch string(task.Payload()) {
+		case "park":
+			if retried, _ := asynq.GetRetryCount(ctx); retried == 0 {
+				return errors.New(mark + " (full)")
+			}
+		case "fail":
+			return errors.New("a real failure")
+		case "archive":
+			return fmt.Errorf("bad: %w", asynq.SkipRetry)
+		case "block":
+			<-release
+		}
+		return nil
+	}, nil)
+	enqueue := func(payload string, opts ...asynq.Option) string {
+		info, err := s.client.Enqueue(asynq.NewTask("t", []byte(payload)), append([]asynq.Option{asynq.Queue("q"), asynq.MaxRetry(3)}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.ID
+	}
+	wake := func(id string) asynqx.WakeResult {
+		t.Helper()
+		res, err := asynqx.Wake(ctx, s.rdb, "q", id, mark, copyHeader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+
+	parked := enqueue("park")
+	s.waitState(parked, "retry")
+	done := enqueue("ok", asynq.Retention(time.Hour))
+	s.waitState(done, "completed")
+	archived := enqueue("archive")
+	s.waitState(archived, "archived")
+	failed := enqueue("fail")
+	s.waitState(failed, "retry")
+	scheduledCopy, err := s.client.Enqueue(asynq.NewTaskWithHeaders("t", []byte("ok"), map[string]string{copyHeader: "x"}),
+		asynq.Queue("q"), asynq.ProcessIn(time.Hour), asynq.Retention(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plainScheduled := enqueue("ok", asynq.ProcessIn(time.Hour))
+
+	for name, id := range map[string]string{"completed": done, "archived": archived, "failed for real": failed, "scheduled (not a copy)": plainScheduled} {
+		if res := wake(id); res != asynqx.Gone {
+			t.Fatalf("%s task: Wake = %v, want Gone", name, res)
+		}
+	}
+	if st := s.state(done); st != "completed" {
+		t.Fatalf("completed task moved to %s", st)
+	}
+
+	// A task being processed is reported, and left alone.
+	busy := enqueue("block")
+	s.waitState(busy, "active")
+	if res := wake(busy); res != asynqx.Active {
+		t.Fatalf("active task: Wake = %v, want Active", res)
+	}
+	// Queue two tasks behind the busy one, then wake the parked task and
+	// the copy: they run before those two, which came earlier.
+	earlier1, earlier2 := enqueue("ok"), enqueue("ok")
+	if res := wake(parked); res != asynqx.Woken {
+		t.Fatalf("parked task: Wake = %v, want Woken", res)
+	}
+	if res := wake(scheduledCopy.ID); res != asynqx.Woken {
+		t.Fatalf("scheduled copy: Wake = %v, want Woken", res)
+	}
+	if res := wake(parked); res != asynqx.Gone {
+		t.Fatalf("a task woken twice: Wake = %v, want Gone", res)
+	}
+	close(release)
+	s.waitState(earlier2, "") // done without Retention: deleted
+	s.waitState(scheduledCopy.ID, "completed")
+	mu.Lock()
+	defer mu.Unlock()
+	order := ran[slices.Index(ran, busy)+1:]
+	pos := func(id string) int { return slices.Index(order, id) }
+	if pos(parked) < 0 || pos(scheduledCopy.ID) < 0 || pos(parked) > pos(earlier1) || pos(scheduledCopy.ID) > pos(earlier1) {
+		t.Fatalf("after the busy task ran %v; want the woken %s and %s before %s and %s", order, parked, scheduledCopy.ID, earlier1, earlier2)
+	}
+	if n := strings.Count(strings.Join(ran, ","), done); n != 1 {
+		t.Fatalf("the completed task ran %d times", n)
+	}
+}
+
+// TestRecoverExpired: a task that asynq holds active under an expired
+// lease goes back to the dequeuing end of its queue, at most maxTimes.
+func TestRecoverExpired(t *testing.T) {
+	s := newSeam(t)
+	ctx := context.Background()
+	k := asynqx.QueueKeys("q")
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	s.serve(func(ctx context.Context, task *asynq.Task) error {
+		<-release
+		return nil
+	}, nil)
+	info, err := s.client.Enqueue(asynq.NewTask("t", nil), asynq.Queue("q"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.waitState(info.ID, "active")
+	// Its worker stops renewing: the lease in asynq's lease set lapses.
+	if err := s.rdb.ZAdd(ctx, k.Lease, redis.Z{Score: float64(time.Now().Add(-time.Minute).Unix()), Member: info.ID}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	ids, err := asynqx.RecoverExpired(ctx, s.rdb, "q", time.Now().Add(-30*time.Second), 1)
+	if err != nil || len(ids) != 1 || ids[0] != info.ID {
+		t.Fatalf("RecoverExpired = %v, %v; want [%s]", ids, err, info.ID)
+	}
+	if st := s.state(info.ID); st != "pending" {
+		t.Fatalf("recovered task state %q", st)
+	}
+	if last := s.rdb.LIndex(ctx, k.Pending, -1).Val(); last != info.ID {
+		t.Fatalf("recovered task not at the dequeuing end of pending (%q there)", last)
+	}
+}
+
+// logCapture is an asynq.Logger that keeps the warnings.
+type logCapture struct {
+	mu    sync.Mutex
+	warns []string
+}
+
+func (l *logCapture) Debug(...any) {}
+func (l *logCapture) Info(...any)  {}
+func (l *logCapture) Warn(args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.warns = append(l.warns, fmt.Sprint(args...))
+}
+func (l *logCapture) Error(...any) {}
+func (l *logCapture) Fatal(...any) {}
+
+func (l *logCapture) revoked() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var ids []string
+	for _, w := range l.warns {
+		if id, ok := asynqx.RevokedTaskID(w); ok {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// TestRevokeWarning: asynq's warning for a revoked task reads as
+// RevokedTaskID expects.
+func TestRevokeWarning(t *testing.T) {
+	s := newSeam(t)
+	logs := &logCapture{}
+	s.serve(func(context.Context, *asynq.Task) error { return asynq.RevokeTask }, logs)
+	info, err := s.client.Enqueue(asynq.NewTask("t", nil), asynq.Queue("q"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitfor.Condition(t, 10*time.Second, "asynq warns of the revoked task", func() bool { return slices.Contains(logs.revoked(), info.ID) })
+}
