@@ -16,6 +16,7 @@ import (
 
 	"github.com/fleetcap/fleetcap/internal/fleettest"
 	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/internal/waitfor"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
@@ -311,4 +312,66 @@ func TestFleetGracefulSIGTERM(t *testing.T) {
 			f.check(ctx, tasks, capacity)
 		})
 	}
+}
+
+// TestWakeRunsATaskOnce: on a contended cap, tasks that were parked come
+// back by themselves after their retry delay and run, while releases keep
+// waking parked tokens; with Retention every completed task stays in
+// Redis. A wake-up must only bring back a task that still waits for that
+// seat: every task runs exactly once, none is archived, and the parked
+// line holds at most one token per task still waiting. (The audit saw 23 of
+// 64 tasks run twice: a stale token moved a completed task back to its
+// queue.)
+func TestWakeRunsATaskOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs 64 tasks of 250 ms one at a time")
+	}
+	const tasks, capacity = 64, 1
+	f := startFleet(t, 3, 4, capYAML("requeue", capacity, "10s"))
+	ctx := context.Background()
+	for range tasks {
+		payload, _ := json.Marshal(map[string]any{"ms": 250})
+		if _, err := f.client.Enqueue(asynq.NewTask("probe", payload), asynq.MaxRetry(3), asynq.Retention(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	parked := f.srv.Client()
+	parkedKey := semaphore.DefaultPrefix + "{probe-cap}:parked"
+	mostParked := 0
+	tokensBounded := func() error {
+		if err := f.procsAlive()(); err != nil {
+			return err
+		}
+		done, err := f.counters.Done(ctx)
+		if err != nil {
+			return err
+		}
+		n, err := parked.ZCard(ctx, parkedKey).Result()
+		if err != nil {
+			return err
+		}
+		mostParked = max(mostParked, int(n))
+		if int(n) > tasks-done {
+			return fmt.Errorf("%d tokens parked with %d tasks left to run", n, tasks-done)
+		}
+		return nil
+	}
+	if err := f.counters.WaitDone(ctx, tasks, 3*time.Minute, tokensBounded); err != nil {
+		t.Fatal(err)
+	}
+	// A task brought back by a stale token would run again now: wait until
+	// nothing is left to run, then count the runs.
+	waitfor.Condition(t, 30*time.Second, "the queue settles", func() bool {
+		info, err := f.insp.GetQueueInfo("default")
+		return err == nil && info.Pending+info.Active+info.Retry+info.Scheduled == 0
+	})
+	runs, err := f.counters.Runs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d runs of %d tasks; at most %d tokens parked", runs, tasks, mostParked)
+	if runs != tasks {
+		t.Fatalf("%d runs of %d tasks: a wake-up ran a finished task again", runs, tasks)
+	}
+	f.check(ctx, tasks, capacity)
 }
