@@ -43,9 +43,15 @@ func (l Limit) Validate() error {
 		return fmt.Errorf("ratelimit: per must be a duration > 0, got %s", l.Per)
 	case l.Burst < 1:
 		return fmt.Errorf("ratelimit: burst must be >= 1, got %d", l.Burst)
+	case l.interval() < MinInterval:
+		return fmt.Errorf("ratelimit: rate %d per %s is more than one token every %s", l.Rate, l.Per, MinInterval)
 	}
 	return nil
 }
+
+// MinInterval is the shortest time between two tokens a Limit may ask for:
+// the resolution of the Redis server's clock.
+const MinInterval = time.Microsecond
 
 // String returns the limit as "100 per 1s (burst 20)".
 func (l Limit) String() string {

@@ -317,6 +317,7 @@ func TestBadArguments(t *testing.T) {
 		{"per 0", "k", ratelimit.Limit{Rate: 1, Burst: 1}, 1, "per must be a duration > 0"},
 		{"negative per", "k", ratelimit.Limit{Rate: 1, Per: -time.Second, Burst: 1}, 1, "per must be a duration > 0"},
 		{"burst 0", "k", ratelimit.Limit{Rate: 1, Per: time.Second}, 1, "burst must be >= 1"},
+		{"rate finer than the clock", "k", ratelimit.Limit{Rate: 2000, Per: time.Millisecond, Burst: 1}, 1, "more than one token every 1µs"},
 		{"cost 0", "k", ok, 0, "cost must be >= 1"},
 		{"cost above burst", "k", ok, 6, "cost above burst"},
 	} {
