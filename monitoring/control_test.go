@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strconv"
 	"strings"
@@ -303,4 +304,32 @@ func decodeObject(t *testing.T, body string) map[string]any {
 		t.Fatalf("decode %s: %v", body, err)
 	}
 	return m
+}
+
+// FuzzOverrideBodies: no body panics the override endpoints' parsing, and
+// whatever it accepts is a valid override.
+func FuzzOverrideBodies(f *testing.F) {
+	for _, seed := range []string{`{"capacity": 3}`, `{"rate": 10, "per": "1s", "burst": 2}`, `{"rate": 1, "per": "1ns"}`, `[]`, `{"per": "-1h"}`} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		req := httptest.NewRequest("PUT", "/", strings.NewReader(body))
+		var c CapacityRequest
+		if err := decodeBody(httptest.NewRecorder(), req, &c); err != nil && err.Error() == "" {
+			t.Fatalf("empty error for %q", body)
+		}
+		req = httptest.NewRequest("PUT", "/", strings.NewReader(body))
+		var r RateRequest
+		if err := decodeBody(httptest.NewRecorder(), req, &r); err != nil {
+			return
+		}
+		limit, err := r.limit()
+		if err == nil {
+			if verr := limit.Validate(); verr != nil {
+				t.Fatalf("accepted %q as %s, which does not validate: %v", body, limit, verr)
+			}
+		} else if err.Error() == "" {
+			t.Fatalf("empty error for %q", body)
+		}
+	})
 }
