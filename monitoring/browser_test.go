@@ -2,9 +2,13 @@ package monitoring
 
 import (
 	"context"
+	"html"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -33,8 +37,15 @@ func chromiumPath(t *testing.T) string {
 }
 
 // runChromium runs headless Chromium with args after the common flags and
-// returns its standard output.
+// returns its standard output; pages get 3 s of virtual time.
 func runChromium(t *testing.T, bin string, args ...string) string {
+	t.Helper()
+	return runChromiumFor(t, bin, 3*time.Second, args...)
+}
+
+// runChromiumFor is runChromium with budget of virtual time (it does not
+// pass while a request is under way).
+func runChromiumFor(t *testing.T, bin string, budget time.Duration, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -43,7 +54,7 @@ func runChromium(t *testing.T, bin string, args ...string) string {
 		"--disable-background-networking", "--disable-component-update", "--disable-sync",
 		"--disable-dev-shm-usage", "--hide-scrollbars",
 		"--user-data-dir=" + t.TempDir(),
-		"--virtual-time-budget=3000",
+		"--virtual-time-budget=" + strconv.FormatInt(budget.Milliseconds(), 10),
 	}
 	cmd := exec.CommandContext(ctx, bin, append(common, args...)...)
 	var stderr strings.Builder
@@ -127,5 +138,91 @@ func TestSemaphoresPageInChromium(t *testing.T) {
 			t.Fatalf("screenshot %s not written: %v", abs, err)
 		}
 		t.Logf("screenshot saved to %s", abs)
+	}
+}
+
+// TestOverrideFormInChromium has an operator's browser drive the page's
+// override form: a wrong token is refused, a capacity override, a pause of
+// a template, a refused bad value, a rate override, the edit button and a
+// clear. Each change must land in Redis and show on the page.
+func TestOverrideFormInChromium(t *testing.T) {
+	bin := chromiumPath(t)
+	harness, err := os.ReadFile("testdata/harness.html")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := strings.Replace(string(harness), "__TOKEN__", adminToken, 1)
+	f := newFixture(t, fixtureOptions{
+		adminToken: adminToken,
+		overrides:  true,
+		keys: []KeyInfo{
+			{Key: "legacy-api", Capacity: 5},
+			{Key: "geocoder", Capacity: 10},
+			{Key: "tenant:{tenant_id}", Capacity: 2, Template: "tenant:{tenant_id}"},
+		},
+		rateKeys: []RateKeyInfo{
+			{Key: "slack", Limit: slackLimit, MaxCost: 1},
+			{Key: "stripe:{account_id}", Template: "stripe:{account_id}", Limit: stripeLimit, MaxCost: 1},
+		},
+		wrap: func(h http.Handler) http.Handler {
+			mux := http.NewServeMux()
+			mux.Handle("/", h)
+			mux.HandleFunc("GET /harness", func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Content-Type", "text/html; charset=utf-8")
+				_, _ = io.WriteString(w, page)
+			})
+			return mux
+		},
+	})
+	dom := runChromiumFor(t, bin, 30*time.Second, "--dump-dom", f.http.URL+"/harness")
+	start := strings.Index(dom, `<pre id="out">`)
+	end := strings.Index(dom, "</pre>")
+	if start < 0 || end < start {
+		t.Fatalf("no output in the harness page:\n%s", dom)
+	}
+	out := html.UnescapeString(dom[start+len(`<pre id="out">`) : end])
+	t.Logf("harness:\n%s", out)
+	if !strings.HasPrefix(out, "DONE") {
+		t.Fatalf("the harness did not finish")
+	}
+	for _, want := range []string{
+		"admin panel shown: true",
+		"form hidden before a token: true",
+		"edit buttons before a token: 0",
+		"result: PUT refused (401): missing or wrong admin token",
+		"result: capacity of legacy-api is now 2 (override; configured 5)",
+		"legacy-api row: 0 / 2OVERRIDE",
+		"result: capacity of tenant:{tenant_id} is now 0 (override; configured 2)",
+		"PAUSED",
+		"the browser refuses capacity -1: true",
+		`result: PUT refused (400): unknown semaphore key "nope"`,
+		"result: rate of stripe:{account_id} is now 20 per 1m0s · burst 3 (override; configured 10 per 1s · burst 4)",
+		"edit slack fills: rate slack 1 1m0s 2",
+		"result: Override of legacy-api cleared; capacity of legacy-api is now 5 (as configured)",
+		"legacy-api row: 0 / 5",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("harness output lacks %q", want)
+		}
+	}
+	// FLEETCAP_SCREENSHOT_FORM=path saves a picture of the harness (the
+	// page in its frame) once it is done.
+	if shot := os.Getenv("FLEETCAP_SCREENSHOT_FORM"); shot != "" {
+		abs, err := filepath.Abs(shot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runChromiumFor(t, bin, 30*time.Second, "--screenshot="+abs, "--window-size=1240,960", f.http.URL+"/harness")
+		t.Logf("screenshot saved to %s", abs)
+	}
+	o, err := f.store.Load(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(o.Capacities) != 1 || o.Capacities["tenant:{tenant_id}"] != 0 {
+		t.Errorf("stored capacities = %v, want only tenant:{tenant_id} paused", o.Capacities)
+	}
+	if l := o.Rates["stripe:{account_id}"]; len(o.Rates) != 1 || l.Rate != 20 || l.Per != time.Minute || l.Burst != 3 {
+		t.Errorf("stored rates = %v, want stripe:{account_id} at 20 per 1m (burst 3)", o.Rates)
 	}
 }

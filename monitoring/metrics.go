@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/fleetcap/fleetcap/ratelimit"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
@@ -20,15 +21,21 @@ type MetricsOptions struct {
 	// label stays bounded. It is called on every event and must be fast and
 	// safe for concurrent use. Default: the key itself.
 	KeyLabel func(key string) string
+	// RateKeyLabel does for rate-limit keys what KeyLabel does for
+	// semaphore keys (a rendered "stripe:{account_id}" key is labelled by
+	// its template). Default: the key itself.
+	RateKeyLabel func(key string) string
 }
 
 // Metrics is the Prometheus side of fleetcap: it receives the semaphore's
-// events (it is a semaphore.Observer) and the worker's (Requeued, LeaseLost,
-// Waiting), and exports them as the series listed in SPEC §1.3 plus the
+// events (it is a semaphore.Observer), the rate limiter's (a
+// ratelimit.Observer) and the worker's (Requeued, LeaseLost, Waiting), and
+// exports them as the series listed in SPEC §1.3 plus the
 // fleetcap_* series an operator needs. Gauges are per process; sum them
 // across instances. Create it with NewMetrics.
 type Metrics struct {
-	keyLabel func(string) string
+	keyLabel     func(string) string
+	rateKeyLabel func(string) string
 
 	acquisitions  *prometheus.CounterVec
 	acquireFailed *prometheus.CounterVec
@@ -41,10 +48,15 @@ type Metrics struct {
 	releasesLost  *prometheus.CounterVec
 	taskLeaseLost *prometheus.CounterVec
 	requeued      *prometheus.CounterVec
+
+	rateTakes      *prometheus.CounterVec
+	rateRetryAfter *prometheus.HistogramVec
+	rateLimit      *prometheus.GaugeVec
 }
 
 var (
 	_ semaphore.Observer   = (*Metrics)(nil)
+	_ ratelimit.Observer   = (*Metrics)(nil)
 	_ prometheus.Collector = (*Metrics)(nil)
 )
 
@@ -56,6 +68,10 @@ var WaitBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 // from 5 ms (a no-op task) to an hour.
 var HoldBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600}
 
+// RetryAfterBuckets are the buckets of fleetcap_ratelimit_retry_after_seconds:
+// from a millisecond (a token almost due) to an hour (a rate per hour).
+var RetryAfterBuckets = []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}
+
 // NewMetrics creates the metrics and registers them on reg, which should be
 // the process's private registry (see NewRegistry), not the global one.
 func NewMetrics(reg prometheus.Registerer, opts MetricsOptions) (*Metrics, error) {
@@ -66,8 +82,13 @@ func NewMetrics(reg prometheus.Registerer, opts MetricsOptions) (*Metrics, error
 	if keyLabel == nil {
 		keyLabel = func(key string) string { return key }
 	}
+	rateKeyLabel := opts.RateKeyLabel
+	if rateKeyLabel == nil {
+		rateKeyLabel = func(key string) string { return key }
+	}
 	m := &Metrics{
-		keyLabel: keyLabel,
+		keyLabel:     keyLabel,
+		rateKeyLabel: rateKeyLabel,
 		acquisitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "redisx_semaphore_acquisitions_total",
 			Help: "Acquire and TryAcquire calls by outcome: acquired, or failed (full, timeout, exhausted, error, shutdown, canceled).",
@@ -114,6 +135,19 @@ func NewMetrics(reg prometheus.Registerer, opts MetricsOptions) (*Metrics, error
 			Name: "fleetcap_tasks_requeued_total",
 			Help: "Tasks given back to the queue without counting as a failure, by why: full, timeout, shutdown, error.",
 		}, []string{"key", "task_type", "why"}),
+		rateTakes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleetcap_ratelimit_takes_total",
+			Help: "Takes of rate-limit tokens by outcome: allowed, or limited (no token yet).",
+		}, []string{"key", "status"}),
+		rateRetryAfter: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "fleetcap_ratelimit_retry_after_seconds",
+			Help:    "For limited takes: the wait until the tokens are due.",
+			Buckets: RetryAfterBuckets,
+		}, []string{"key"}),
+		rateLimit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "fleetcap_ratelimit_tokens_per_second",
+			Help: "Declared fleet-wide rate of a rate-limit key, in tokens per second (per rendered key for a template).",
+		}, []string{"key"}),
 	}
 	if err := reg.Register(m); err != nil {
 		return nil, err
@@ -137,6 +171,7 @@ func (m *Metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		m.acquisitions, m.acquireFailed, m.wait, m.hold, m.active, m.capacity,
 		m.waiting, m.leasesLost, m.releasesLost, m.taskLeaseLost, m.requeued,
+		m.rateTakes, m.rateRetryAfter, m.rateLimit,
 	}
 }
 
@@ -217,4 +252,25 @@ func (m *Metrics) LeaseLost(key, taskType string) {
 // Waiting adds delta to the number of tasks waiting in-process for a seat.
 func (m *Metrics) Waiting(key string, delta int) {
 	m.waiting.WithLabelValues(m.keyLabel(key)).Add(float64(delta))
+}
+
+// SetRateLimit records the declared rate of a rate-limit key (for a
+// template, that of each rendered key) and creates its series at zero. Call
+// it once per declared key at start.
+func (m *Metrics) SetRateLimit(key string, limit ratelimit.Limit) {
+	k := m.rateKeyLabel(key)
+	m.rateLimit.WithLabelValues(k).Set(float64(limit.Rate) / limit.Per.Seconds())
+	m.rateTakes.WithLabelValues(k, "allowed")
+	m.rateTakes.WithLabelValues(k, "limited")
+}
+
+// Take implements ratelimit.Observer.
+func (m *Metrics) Take(e ratelimit.TakeEvent) {
+	k := m.rateKeyLabel(e.Key)
+	if e.Allowed {
+		m.rateTakes.WithLabelValues(k, "allowed").Inc()
+		return
+	}
+	m.rateTakes.WithLabelValues(k, "limited").Inc()
+	m.rateRetryAfter.WithLabelValues(k).Observe(e.RetryAfter.Seconds())
 }

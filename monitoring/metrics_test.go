@@ -1,6 +1,7 @@
 package monitoring
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -8,6 +9,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/ratelimit"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
@@ -134,3 +137,57 @@ type workerObserver interface {
 }
 
 var _ workerObserver = (*Metrics)(nil)
+
+// TestRateLimitMetricsFromARealLimiter takes tokens of two rendered keys of
+// one template on a real Redis: both count under the template's label, the
+// limited takes with the wait until their token.
+func TestRateLimitMetricsFromARealLimiter(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg, MetricsOptions{RateKeyLabel: func(key string) string {
+		if strings.HasPrefix(key, "stripe:") {
+			return "stripe:{account_id}"
+		}
+		return key
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit := ratelimit.Limit{Rate: 1, Per: time.Minute, Burst: 1}
+	m.SetRateLimit("stripe:{account_id}", limit)
+	m.SetRateLimit("slack", ratelimit.Limit{Rate: 2, Per: time.Second, Burst: 2})
+	limiter, err := ratelimit.New(redistest.Start(t).Client(), ratelimit.Options{Observer: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, key := range []string{"stripe:acct_1", "stripe:acct_1", "stripe:acct_2"} {
+		if _, err := limiter.Take(ctx, key, limit, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	mfs := families(t, reg)
+	for _, c := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"fleetcap_ratelimit_tokens_per_second", []string{"key", "slack"}, 2},
+		{"fleetcap_ratelimit_tokens_per_second", []string{"key", "stripe:{account_id}"}, 1.0 / 60},
+		{"fleetcap_ratelimit_takes_total", []string{"key", "stripe:{account_id}", "status", "allowed"}, 2},
+		{"fleetcap_ratelimit_takes_total", []string{"key", "stripe:{account_id}", "status", "limited"}, 1},
+		{"fleetcap_ratelimit_takes_total", []string{"key", "slack", "status", "limited"}, 0},
+		{"fleetcap_ratelimit_retry_after_seconds", []string{"key", "stripe:{account_id}"}, 1},
+	} {
+		if got := mustSample(t, mfs, c.name, c.labels...); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+	if _, ok := sample(mfs, "fleetcap_ratelimit_takes_total", "key", "stripe:acct_1"); ok {
+		t.Error("a rendered key has a series of its own")
+	}
+	h := mfs["fleetcap_ratelimit_retry_after_seconds"].GetMetric()[0].GetHistogram()
+	if sum := h.GetSampleSum(); sum < 59 || sum > 60 {
+		t.Errorf("retry-after sum %v s, want about a minute", sum)
+	}
+}

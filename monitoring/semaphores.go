@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fleetcap/fleetcap/control"
+	"github.com/fleetcap/fleetcap/ratelimit"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
@@ -27,12 +29,23 @@ type KeyInfo struct {
 	Template string
 }
 
-// SemaphoreStatus is one row of GET /api/semaphores.
+// The kinds of rows of GET /api/semaphores.
+const (
+	KindSemaphore = "semaphore"
+	KindRate      = "rate"
+)
+
+// SemaphoreStatus is one row of GET /api/semaphores of kind "semaphore".
 type SemaphoreStatus struct {
-	Key      string         `json:"key"`
-	Capacity int            `json:"capacity"`
-	Used     int            `json:"used"` // live holders; for a template, summed over its rendered keys
-	Holders  []HolderStatus `json:"holders"`
+	Kind string `json:"kind"` // KindSemaphore
+	Key  string `json:"key"`
+	// Capacity is the capacity in force: a runtime override (0: paused),
+	// else ConfiguredCapacity.
+	Capacity           int            `json:"capacity"`
+	ConfiguredCapacity int            `json:"configured_capacity"`
+	Override           bool           `json:"override"` // Capacity comes from a runtime override
+	Used               int            `json:"used"`     // live holders; for a template, summed over its rendered keys
+	Holders            []HolderStatus `json:"holders"`
 
 	// Template rows only: the row stands for a per-payload template.
 	Template bool `json:"template,omitempty"`
@@ -82,14 +95,48 @@ const lookupParallelism = 8
 // caches it briefly, so that several open pages cost one round of Redis
 // calls per interval.
 type snapshotter struct {
-	sem      *semaphore.Service
-	keys     func(context.Context) ([]KeyInfo, error)
-	busiest  int
-	cacheFor time.Duration
+	sem       *semaphore.Service
+	keys      func(context.Context) ([]KeyInfo, error)
+	busiest   int
+	cacheFor  time.Duration
+	limiter   *ratelimit.Limiter // nil: no rate rows
+	rateKeys  func(context.Context) ([]RateKeyInfo, error)
+	overrides *control.Reader // nil: configured values only
 
 	mu   sync.Mutex // held across a reading
 	at   time.Time
-	rows []SemaphoreStatus
+	last *pageSnapshot
+}
+
+// pageSnapshot is one reading of every row.
+type pageSnapshot struct {
+	semaphores []SemaphoreStatus
+	rates      []RateLimitStatus
+}
+
+// rows are the rows of GET /api/semaphores: the semaphores busiest first,
+// then the rate limits busiest first. A nil snapshot has none.
+func (p *pageSnapshot) rows() []any {
+	out := []any{}
+	if p == nil {
+		return out
+	}
+	for _, r := range p.semaphores {
+		out = append(out, r)
+	}
+	for _, r := range p.rates {
+		out = append(out, r)
+	}
+	return out
+}
+
+// capacityFor is the capacity in force of a key rendered from template (""
+// for a plain key) whose config gives it configured.
+func (s *snapshotter) capacityFor(key, template string, configured int) (int, bool) {
+	if s.overrides == nil {
+		return configured, false
+	}
+	return s.overrides.CapacityFor(key, template, configured)
 }
 
 // invalidate drops the cached snapshot (after a force release).
@@ -114,19 +161,30 @@ func (s *snapshotter) isKnown(ctx context.Context, key string) (bool, error) {
 	return false, nil
 }
 
-// snapshot returns the rows of the page, busiest first.
-func (s *snapshotter) snapshot(ctx context.Context) ([]SemaphoreStatus, error) {
+// setCapacity sets the configured capacity of a template row and the one
+// in force.
+func (t *SemaphoreStatus) setCapacity(s *snapshotter, configured int) {
+	t.ConfiguredCapacity = configured
+	t.Capacity, t.Override = s.capacityFor(t.Key, t.Key, configured)
+}
+
+// snapshot returns the rows of the page.
+func (s *snapshotter) snapshot(ctx context.Context) (*pageSnapshot, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.at.IsZero() && time.Since(s.at) < s.cacheFor {
-		return s.rows, nil
+		return s.last, nil
 	}
-	rows, err := s.read(ctx)
+	sems, err := s.read(ctx)
 	if err != nil {
 		return nil, err
 	}
-	s.rows, s.at = rows, time.Now()
-	return rows, nil
+	rates, err := s.readRates(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.last, s.at = &pageSnapshot{semaphores: sems, rates: rates}, time.Now()
+	return s.last, nil
 }
 
 func (s *snapshotter) read(ctx context.Context) ([]SemaphoreStatus, error) {
@@ -138,10 +196,11 @@ func (s *snapshotter) read(ctx context.Context) ([]SemaphoreStatus, error) {
 	var lookups []KeyInfo
 	templates := map[string]*SemaphoreStatus{}
 	var order []string // templates in declaration order
-	addTemplate := func(name string, capacity int) *SemaphoreStatus {
+	addTemplate := func(name string, configured int) *SemaphoreStatus {
 		t, ok := templates[name]
 		if !ok {
-			t = &SemaphoreStatus{Key: name, Capacity: capacity, Holders: []HolderStatus{}, Template: true}
+			t = &SemaphoreStatus{Kind: KindSemaphore, Key: name, Holders: []HolderStatus{}, Template: true}
+			t.setCapacity(s, configured)
 			templates[name] = t
 			order = append(order, name)
 		}
@@ -151,35 +210,20 @@ func (s *snapshotter) read(ctx context.Context) ([]SemaphoreStatus, error) {
 	for _, k := range infos {
 		switch {
 		case k.Template != "" && k.Template == k.Key:
-			addTemplate(k.Key, k.Capacity).Capacity = k.Capacity
+			addTemplate(k.Key, k.Capacity).setCapacity(s, k.Capacity) // the template's own entry wins
 		case !seen[k.Key]:
 			seen[k.Key] = true
 			lookups = append(lookups, k)
 		}
 	}
-	results := make([]SemaphoreStatus, len(lookups))
-	errs := make([]error, len(lookups))
-	var wg sync.WaitGroup
-	next := make(chan int)
-	for range min(lookupParallelism, len(lookups)) {
-		wg.Go(func() {
-			for i := range next {
-				results[i], errs[i] = s.status(ctx, lookups[i])
-			}
-		})
+	results, err := inParallel(len(lookups), func(i int) (SemaphoreStatus, error) { return s.status(ctx, lookups[i]) })
+	if err != nil {
+		return nil, err
 	}
-	for i := range lookups {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
 
 	var rows []SemaphoreStatus
 	children := map[string][]SemaphoreStatus{}
 	for i, k := range lookups {
-		if errs[i] != nil {
-			return nil, errs[i]
-		}
 		if k.Template == "" {
 			rows = append(rows, results[i])
 			continue
@@ -211,7 +255,12 @@ func (s *snapshotter) status(ctx context.Context, k KeyInfo) (SemaphoreStatus, e
 	if err != nil {
 		return SemaphoreStatus{}, err
 	}
-	st := SemaphoreStatus{Key: k.Key, Capacity: k.Capacity, Used: len(hs), Holders: make([]HolderStatus, len(hs))}
+	template := k.Template
+	capacity, over := s.capacityFor(k.Key, template, k.Capacity)
+	st := SemaphoreStatus{
+		Kind: KindSemaphore, Key: k.Key, Capacity: capacity, ConfiguredCapacity: k.Capacity, Override: over,
+		Used: len(hs), Holders: make([]HolderStatus, len(hs)),
+	}
 	for i, h := range hs {
 		st.Holders[i] = HolderStatus{PermitID: h.PermitID, TaskID: h.Label, ExpiresAt: h.ExpiresAt.UTC()}
 	}

@@ -21,6 +21,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetcap/fleetcap/control"
+	"github.com/fleetcap/fleetcap/ratelimit"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
@@ -42,8 +44,28 @@ type ServerOptions struct {
 	// BusiestKeys is how many rendered keys of one template the page shows
 	// (the busiest). Default 10.
 	BusiestKeys int
-	// AdminToken guards POST /api/semaphores/{key}/release-all (as
-	// "Authorization: Bearer <token>"). Empty: the endpoint answers 404.
+	// LookupKey resolves the {key} of PUT /api/semaphores/{key}/capacity: a
+	// declared key, a declared template, or a key a template renders, with
+	// its configured capacity. Required with Overrides.
+	LookupKey func(key string) (KeyInfo, bool)
+	// RateLimiter and RateKeys add one row of kind "rate" per rate-limit
+	// key to the page and GET /api/semaphores; set both or neither (and
+	// Semaphore with them). RateKeys lists the declared keys and templates
+	// and the rendered keys in use (see RateKeyInfo).
+	RateLimiter *ratelimit.Limiter
+	RateKeys    func(ctx context.Context) ([]RateKeyInfo, error)
+	// LookupRateKey resolves the {key} of PUT /api/ratelimits/{key} as
+	// LookupKey does. Required with Overrides and RateLimiter.
+	LookupRateKey func(key string) (RateKeyInfo, bool)
+	// Overrides are the fleet's runtime overrides (package control): the
+	// rows show the capacity and rate in force beside the configured ones,
+	// and with AdminToken set, PUT and DELETE /api/semaphores/{key}/capacity
+	// and /api/ratelimits/{key} write them through Overrides.Store(). Nil:
+	// configured values only, and those endpoints answer 404.
+	Overrides *control.Reader
+	// AdminToken guards POST /api/semaphores/{key}/release-all and the
+	// override endpoints (as "Authorization: Bearer <token>"). Empty: they
+	// answer 404.
 	AdminToken string
 	// RedisConnOpt is asynq's Redis, for asynqmon at /monitoring/ and for
 	// the default readiness check. Nil: no asynqmon.
@@ -60,14 +82,16 @@ type ServerOptions struct {
 }
 
 // Server is the monitoring HTTP server: /metrics, /monitoring/ (asynqmon),
-// /semaphores, /api/semaphores, /api/semaphores/{key}/release-all,
-// /healthz and /readyz. Create it with NewServer; serve it with
+// /semaphores, /api/semaphores, /api/semaphores/{key}/release-all, the
+// override endpoints /api/semaphores/{key}/capacity and
+// /api/ratelimits/{key}, /healthz and /readyz. Create it with NewServer; serve it with
 // ListenAndServe or Serve, or mount Handler in a server of your own.
 type Server struct {
 	http    *http.Server
 	log     *slog.Logger
 	snap    *snapshotter
-	token   []byte // sha256 of AdminToken; nil when none
+	ctl     *controlAPI // nil without Overrides
+	token   []byte      // sha256 of AdminToken; nil when none
 	ready   func(context.Context) error
 	page    *template.Template
 	closers []func() error
@@ -84,6 +108,20 @@ const readyTimeout = 2 * time.Second
 func NewServer(opts ServerOptions) (*Server, error) {
 	if (opts.Semaphore == nil) != (opts.Keys == nil) {
 		return nil, errors.New("monitoring: ServerOptions.Semaphore and ServerOptions.Keys go together")
+	}
+	if (opts.RateLimiter == nil) != (opts.RateKeys == nil) {
+		return nil, errors.New("monitoring: ServerOptions.RateLimiter and ServerOptions.RateKeys go together")
+	}
+	if opts.RateLimiter != nil && opts.Semaphore == nil {
+		return nil, errors.New("monitoring: ServerOptions.RateLimiter needs Semaphore (the rows share the semaphores page)")
+	}
+	if opts.Overrides != nil {
+		if opts.Semaphore == nil || opts.LookupKey == nil {
+			return nil, errors.New("monitoring: ServerOptions.Overrides needs Semaphore, Keys and LookupKey")
+		}
+		if opts.RateLimiter != nil && opts.LookupRateKey == nil {
+			return nil, errors.New("monitoring: ServerOptions.Overrides with RateLimiter needs LookupRateKey")
+		}
 	}
 	if opts.Ready == nil && opts.RedisConnOpt == nil {
 		return nil, errors.New("monitoring: ServerOptions needs Ready or RedisConnOpt for /readyz")
@@ -137,10 +175,22 @@ func NewServer(opts ServerOptions) (*Server, error) {
 		mux.Handle("/monitoring/", mon)
 	}
 	if opts.Semaphore != nil {
-		s.snap = &snapshotter{sem: opts.Semaphore, keys: opts.Keys, busiest: opts.BusiestKeys, cacheFor: 500 * time.Millisecond}
+		s.snap = &snapshotter{
+			sem: opts.Semaphore, keys: opts.Keys, busiest: opts.BusiestKeys, cacheFor: 500 * time.Millisecond,
+			limiter: opts.RateLimiter, rateKeys: opts.RateKeys, overrides: opts.Overrides,
+		}
 		mux.HandleFunc("GET /semaphores", s.handlePage)
 		mux.HandleFunc("GET /api/semaphores", s.handleList)
 		mux.HandleFunc("POST /api/semaphores/{key}/release-all", s.handleReleaseAll)
+	}
+	if opts.Overrides != nil {
+		s.ctl = &controlAPI{server: s, overrides: opts.Overrides, lookupKey: opts.LookupKey, lookupRateKey: opts.LookupRateKey}
+		mux.HandleFunc("PUT /api/semaphores/{key}/capacity", s.ctl.putCapacity)
+		mux.HandleFunc("DELETE /api/semaphores/{key}/capacity", s.ctl.deleteCapacity)
+		if opts.RateLimiter != nil {
+			mux.HandleFunc("PUT /api/ratelimits/{key}", s.ctl.putRate)
+			mux.HandleFunc("DELETE /api/ratelimits/{key}", s.ctl.deleteRate)
+		}
 	}
 	s.http = &http.Server{
 		Addr:              opts.Addr,
@@ -187,29 +237,24 @@ func (s *Server) handleReady(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) handleList(w http.ResponseWriter, r *http.Request) {
-	rows, err := s.snap.snapshot(r.Context())
+	snap, err := s.snap.snapshot(r.Context())
 	if err != nil {
 		s.log.Warn("monitoring: read semaphores", "err", err)
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
 		return
 	}
-	if rows == nil {
-		rows = []SemaphoreStatus{}
-	}
-	writeJSON(w, http.StatusOK, rows)
+	writeJSON(w, http.StatusOK, snap.rows())
 }
 
 func (s *Server) handlePage(w http.ResponseWriter, r *http.Request) {
-	rows, err := s.snap.snapshot(r.Context())
+	snap, err := s.snap.snapshot(r.Context())
 	data := struct {
-		Rows  []SemaphoreStatus
+		Rows  []any
 		Error string
-	}{Rows: rows}
+		Admin bool // the override form is offered
+	}{Rows: snap.rows(), Admin: s.ctl != nil && s.token != nil}
 	if err != nil {
 		data.Error = err.Error()
-	}
-	if data.Rows == nil {
-		data.Rows = []SemaphoreStatus{}
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
@@ -222,14 +267,7 @@ func (s *Server) handlePage(w http.ResponseWriter, r *http.Request) {
 // this order: no admin token configured (404, as if the route did not
 // exist), missing or wrong bearer token (401), unknown key (404).
 func (s *Server) handleReleaseAll(w http.ResponseWriter, r *http.Request) {
-	if s.token == nil {
-		http.NotFound(w, r)
-		return
-	}
-	if !s.authorized(r) {
-		s.log.Warn("monitoring: admin request refused", "path", r.URL.Path, "remote", r.RemoteAddr)
-		w.Header().Set("WWW-Authenticate", `Bearer realm="fleetcap"`)
-		writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "missing or wrong admin token"})
+	if !s.admit(w, r) {
 		return
 	}
 	key := r.PathValue("key")
@@ -251,6 +289,23 @@ func (s *Server) handleReleaseAll(w http.ResponseWriter, r *http.Request) {
 	s.snap.invalidate()
 	s.log.Warn("monitoring: admin released every seat", "key", key, "displaced", n, "remote", r.RemoteAddr)
 	writeJSON(w, http.StatusOK, map[string]int{"displaced": n})
+}
+
+// admit answers an admin request that may not proceed and reports whether
+// it may: 404 when no admin token is configured (as if the route did not
+// exist), 401 for a missing or wrong bearer token.
+func (s *Server) admit(w http.ResponseWriter, r *http.Request) bool {
+	if s.token == nil {
+		http.NotFound(w, r)
+		return false
+	}
+	if !s.authorized(r) {
+		s.log.Warn("monitoring: admin request refused", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr)
+		w.Header().Set("WWW-Authenticate", `Bearer realm="fleetcap"`)
+		writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "missing or wrong admin token"})
+		return false
+	}
+	return true
 }
 
 // authorized compares the bearer token in constant time (hashing both

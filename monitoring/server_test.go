@@ -18,7 +18,9 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fleetcap/fleetcap/control"
 	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/ratelimit"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
@@ -31,13 +33,19 @@ type fixture struct {
 	server  *Server
 	http    *httptest.Server
 	logs    *bytes.Buffer
+	limiter *ratelimit.Limiter // set with fixtureOptions.rateKeys
+	store   *control.Store     // set with fixtureOptions.overrides
 }
 
 type fixtureOptions struct {
 	keys       []KeyInfo
+	rateKeys   []RateKeyInfo // rows of kind "rate"
+	overrides  bool          // runtime overrides (package control)
 	adminToken string
 	busiest    int
 	writable   bool
+	// wrap, when set, wraps the server's handler (a test adds routes).
+	wrap func(http.Handler) http.Handler
 }
 
 func newFixture(t *testing.T, fo fixtureOptions) *fixture {
@@ -66,7 +74,7 @@ func newFixture(t *testing.T, fo fixtureOptions) *fixture {
 	f.reg.MustRegister(NewQueueCollector(insp, QueueCollectorOptions{}))
 
 	keys := fo.keys
-	f.server, err = NewServer(ServerOptions{
+	opts := ServerOptions{
 		Gatherer:         f.reg,
 		Semaphore:        f.sem,
 		Keys:             func(context.Context) ([]KeyInfo, error) { return keys, nil },
@@ -75,11 +83,41 @@ func newFixture(t *testing.T, fo fixtureOptions) *fixture {
 		RedisConnOpt:     connOpt,
 		AsynqmonWritable: fo.writable,
 		Logger:           logger,
-	})
+	}
+	if fo.rateKeys != nil {
+		if f.limiter, err = ratelimit.New(rdb, ratelimit.Options{Prefix: "test:", Observer: f.metrics}); err != nil {
+			t.Fatal(err)
+		}
+		rateKeys := fo.rateKeys
+		opts.RateLimiter = f.limiter
+		opts.RateKeys = func(context.Context) ([]RateKeyInfo, error) { return rateKeys, nil }
+		opts.LookupRateKey = func(key string) (RateKeyInfo, bool) {
+			return lookupDeclared(rateKeys, key, func(k RateKeyInfo) (string, string) { return k.Key, k.Template })
+		}
+	}
+	if fo.overrides {
+		if f.store, err = control.NewStore(rdb, control.Options{Key: "test:control"}); err != nil {
+			t.Fatal(err)
+		}
+		reader, err := control.NewReader(context.Background(), f.store, control.ReaderOptions{Logger: logger})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(reader.Close)
+		opts.Overrides = reader
+		opts.LookupKey = func(key string) (KeyInfo, bool) {
+			return lookupDeclared(keys, key, func(k KeyInfo) (string, string) { return k.Key, k.Template })
+		}
+	}
+	f.server, err = NewServer(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.http = httptest.NewServer(f.server.Handler())
+	handler := f.server.Handler()
+	if fo.wrap != nil {
+		handler = fo.wrap(handler)
+	}
+	f.http = httptest.NewServer(handler)
 	t.Cleanup(func() {
 		f.http.Close()
 		_ = f.server.Shutdown(context.Background())
@@ -102,9 +140,41 @@ func (f *fixture) hold(t *testing.T, key string, capacity, n int, prefix string)
 	return ps
 }
 
+// lookupDeclared resolves key among the declared ones as the worker does:
+// a declared key or template, or a key rendered from a template of the
+// form "prefix{field}" (the only form the fixtures declare). A rendered
+// key takes its template's entry with Key and Template set.
+func lookupDeclared[K any](declared []K, key string, keyOf func(K) (key, template string)) (K, bool) {
+	for _, d := range declared {
+		if k, _ := keyOf(d); k == key {
+			return d, true
+		}
+	}
+	for _, d := range declared {
+		if k, tmpl := keyOf(d); k == tmpl && tmpl != "" {
+			if prefix, _, _ := strings.Cut(tmpl, "{"); strings.HasPrefix(key, prefix) && len(key) > len(prefix) {
+				return d, true
+			}
+		}
+	}
+	var zero K
+	return zero, false
+}
+
 func (f *fixture) do(t *testing.T, method, path, auth string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(method, f.http.URL+path, nil)
+	return f.send(t, method, path, auth, "")
+}
+
+// send makes a request with body (none when empty) and returns the status
+// and the response body.
+func (f *fixture) send(t *testing.T, method, path, auth, body string) (int, string) {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, f.http.URL+path, rd)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,8 +186,8 @@ func (f *fixture) do(t *testing.T, method, path, auth string) (int, string) {
 		t.Fatalf("%s %s: %v", method, path, err)
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(body)
+	got, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(got)
 }
 
 func TestMetricsEndpointWithRealSemaphore(t *testing.T) {

@@ -100,6 +100,9 @@ type TaskConfig struct {
 	// Semaphores are several caps that must all be held (instead of
 	// Semaphore); default none.
 	Semaphores []CapConfig `yaml:"semaphores"`
+	// RateLimits are fleet-wide rate limits whose tokens the task must all
+	// take before it runs, beside its caps; default none.
+	RateLimits []RateLimitConfig `yaml:"rate_limits"`
 }
 
 // Mode says what a worker does when a task's semaphore is full.

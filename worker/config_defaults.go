@@ -75,6 +75,13 @@ func (t TaskConfig) withDefaults(typ string, defaultTTL time.Duration) TaskConfi
 		}
 		t.Semaphores = caps
 	}
+	if t.RateLimits != nil {
+		limits := make([]RateLimitConfig, len(t.RateLimits))
+		for i, rl := range t.RateLimits {
+			limits[i] = rl.withDefaults(typ)
+		}
+		t.RateLimits = limits
+	}
 	return t
 }
 

@@ -13,6 +13,7 @@ func FuzzParseConfig(f *testing.F) {
 	}
 	f.Add([]byte("tasks: {a: {semaphore: {key: \"t:{id}\", capacity: 2, capacity_overrides: {\"t:x\": 3}}}}\n"))
 	f.Add([]byte("worker: {concurrency: 2, shutdown_timeout: ten}\n"))
+	f.Add([]byte("tasks: {a: {rate_limits: [{key: \"s:{id}\", rate: 100, per: 1s, burst: 20, cost: 2, rate_overrides: {\"s:x\": 400}}]}}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := ParseConfig(data)
 		if err != nil {
@@ -37,6 +38,14 @@ func FuzzParseConfig(f *testing.F) {
 				}
 				if _, err := c.KeyTemplate(); err != nil {
 					t.Fatalf("task %q: bad key accepted: %v", typ, err)
+				}
+			}
+			for _, rl := range cfg.Tasks[typ].RateLimits {
+				if err := rl.Limit().Validate(); err != nil || rl.Cost < 1 || rl.Cost > rl.Burst {
+					t.Fatalf("task %q: invalid rate limit accepted: %+v (%v)", typ, rl, err)
+				}
+				if _, err := rl.KeyTemplate(); err != nil {
+					t.Fatalf("task %q: bad rate-limit key accepted: %v", typ, err)
 				}
 			}
 		}

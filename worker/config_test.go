@@ -167,6 +167,7 @@ func TestLoadConfigMissingFile(t *testing.T) {
 // the field by its YAML path.
 func TestBadConfigs(t *testing.T) {
 	const task = "tasks:\n  report:fetch:\n    semaphore:\n      key: legacy-api\n      capacity: 5\n"
+	const rate = "tasks: {a: {rate_limits: ["
 	tests := []struct {
 		name string
 		yaml string
@@ -250,6 +251,42 @@ func TestBadConfigs(t *testing.T) {
 		{"syntax error", "worker: {concurrency: 2\n", []string{"cannot parse YAML"}},
 		{"two documents", "worker: {}\n---\nworker: {}\n", []string{"more than one YAML document"}},
 		{"empty task type", "tasks: {\"\": {}}\n", []string{`tasks[""]: task type must not be empty`}},
+		{"rate zero", rate + "{rate: 0, per: 1s}]}}\n", []string{`tasks["a"].rate_limits[0].rate: must be >= 1, got 0`}},
+		{"rate missing", rate + "{per: 1s}]}}\n", []string{`tasks["a"].rate_limits[0].rate: must be >= 1, got 0`}},
+		{"rate not a number", rate + "{rate: lots, per: 1s}]}}\n", []string{`tasks["a"].rate_limits[0].rate: want an integer, got "lots" (line 1)`}},
+		{"per missing", rate + "{rate: 5}]}}\n", []string{`tasks["a"].rate_limits[0].per: required: a duration > 0 such as 1s`}},
+		{"per negative", rate + "{rate: 5, per: -1s}]}}\n", []string{`tasks["a"].rate_limits[0].per: must be a duration > 0, got -1s`}},
+		{"per not a duration", rate + "{rate: 5, per: second}]}}\n", []string{`tasks["a"].rate_limits[0].per: want a duration such as "30s" or "5m", got "second"`}},
+		{"per without unit", rate + "{rate: 5, per: 1}]}}\n", []string{`tasks["a"].rate_limits[0].per: want a duration`}},
+		{"rate finer than the server clock", rate + "{rate: 5000, per: 1ms}]}}\n", []string{`tasks["a"].rate_limits[0].rate: ratelimit: rate 5000 per 1ms is more than one token every 1µs`}},
+		{"burst negative", rate + "{rate: 5, per: 1s, burst: -2}]}}\n", []string{`tasks["a"].rate_limits[0].burst: must be >= 1, got -2`}},
+		{"cost negative", rate + "{rate: 5, per: 1s, cost: -1}]}}\n", []string{`tasks["a"].rate_limits[0].cost: must be >= 1, got -1`}},
+		{"cost above burst", rate + "{rate: 5, per: 1s, burst: 2, cost: 3}]}}\n", []string{`tasks["a"].rate_limits[0].cost: 3 is above burst 2: such a task could never run`}},
+		{"cost above the default burst", rate + "{rate: 2, per: 1s, cost: 3}]}}\n", []string{`tasks["a"].rate_limits[0].cost: 3 is above burst 2`}},
+		{"rate limit mode", rate + "{rate: 5, per: 1s, mode: drop}]}}\n", []string{`tasks["a"].rate_limits[0].mode: must be "requeue" or "wait", got "drop"`}},
+		{"rate limit wait_timeout", rate + "{rate: 5, per: 1s, wait_timeout: -3s}]}}\n", []string{`tasks["a"].rate_limits[0].wait_timeout: must not be negative, got -3s`}},
+		{"unknown rate limit field", rate + "{rate: 5, per: 1s, period: 1s}]}}\n", []string{`tasks["a"].rate_limits[0].period: unknown field (line 1)`}},
+		{"rate limits not a list", "tasks: {a: {rate_limits: {rate: 5}}}\n", []string{`tasks["a"].rate_limits: want a list, got a mapping`}},
+		{"rate limit key template", rate + "{key: \"s:{id\", rate: 5, per: 1s}]}}\n", []string{`tasks["a"].rate_limits[0].key: key "s:{id": unbalanced "{"`}},
+		{"rate override on a plain key", rate + "{key: s, rate: 5, per: 1s, rate_overrides: {s: 9}}]}}\n", []string{`tasks["a"].rate_limits[0].rate_overrides: only a key template`}},
+		{"rate override below one", rate + "{key: \"s:{id}\", rate: 5, per: 1s, rate_overrides: {\"s:x\": 0}}]}}\n", []string{`tasks["a"].rate_limits[0].rate_overrides["s:x"]: must be >= 1, got 0`}},
+		{"rate override not rendered by the template", rate + "{key: \"s:{id}\", rate: 5, per: 1s, rate_overrides: {\"t:x\": 9}}]}}\n",
+			[]string{`tasks["a"].rate_limits[0].rate_overrides["t:x"]: "t:x" is not a key that template "s:{id}" renders`}},
+		{"one rate key twice in a task", rate + "{key: s, rate: 5, per: 1s}, {key: s, rate: 5, per: 1s}]}}\n",
+			[]string{`tasks["a"].rate_limits[1].key: "s" is also the key of tasks["a"].rate_limits[0]`}},
+		{"one key with two rates", "tasks:\n  a: {rate_limits: [{key: stripe, rate: 100, per: 1s}]}\n  b: {rate_limits: [{key: stripe, rate: 50, per: 1s}]}\n",
+			[]string{`tasks["b"].rate_limits[0].rate: key "stripe" is limited to 50 per 1s (burst 50) here but 100 per 1s (burst 100) in tasks["a"].rate_limits[0]`}},
+		{"one key with two periods", "tasks:\n  a: {rate_limits: [{key: stripe, rate: 100, per: 1s}]}\n  b: {rate_limits: [{key: stripe, rate: 100, per: 1m, burst: 100}]}\n",
+			[]string{`tasks["b"].rate_limits[0].rate: key "stripe" is limited to 100 per 1m0s (burst 100) here`}},
+		{"one key with two costs", "tasks:\n  a: {rate_limits: [{key: stripe, rate: 100, per: 1s}]}\n  b: {rate_limits: [{key: stripe, rate: 100, per: 1s, cost: 5, mode: wait}]}\n", nil},
+		{"a rate key beside a semaphore of the same name", "tasks:\n  a: {semaphore: {key: stripe, capacity: 2}, rate_limits: [{key: stripe, rate: 100, per: 1s}]}\n", nil},
+		{"templates of one shape with two rates", "tasks:\n  a: {rate_limits: [{key: \"s:{account_id}\", rate: 10, per: 1s}]}\n  b: {rate_limits: [{key: \"s:{account}\", rate: 20, per: 1s}]}\n",
+			[]string{`tasks["b"].rate_limits[0].rate: key "s:{account}" is limited to 20 per 1s (burst 20) here but 10 per 1s (burst 10) in tasks["a"].rate_limits[0]`}},
+		{"one template with two overrides", "tasks:\n  a: {rate_limits: [{key: \"s:{id}\", rate: 10, per: 1s, rate_overrides: {\"s:big\": 40}}]}\n  b: {rate_limits: [{key: \"s:{id}\", rate: 10, per: 1s}]}\n",
+			[]string{`tasks["b"].rate_limits[0].rate_overrides["s:big"]: key "s:big" is limited to 10 per 1s (burst 10) here but 40 per 1s (burst 10) in tasks["a"].rate_limits[0]`}},
+		{"plain rate key rendered by a template with another rate", "tasks:\n  a: {rate_limits: [{key: \"s:big\", rate: 40, per: 1s, burst: 10}]}\n  b: {rate_limits: [{key: \"s:{id}\", rate: 10, per: 1s}]}\n",
+			[]string{`tasks["b"].rate_limits[0].rate: key "s:big" is limited to 40 per 1s (burst 10) in tasks["a"].rate_limits[0], but template "s:{id}" of tasks["b"].rate_limits[0] renders it with 10 per 1s (burst 10)`}},
+		{"plain rate key rendered by a template with its override", "tasks:\n  a: {rate_limits: [{key: \"s:big\", rate: 40, per: 1s, burst: 10}]}\n  b: {rate_limits: [{key: \"s:{id}\", rate: 10, per: 1s, rate_overrides: {\"s:big\": 40}}]}\n", nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -359,5 +396,48 @@ func writeFile(t *testing.T, path, content string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestRateLimitDefaultsAndOverrides(t *testing.T) {
+	cfg, err := ParseConfig([]byte(`
+tasks:
+  invoice:sync:
+    semaphores: [{key: stripe-conc, capacity: 20}]
+    rate_limits:
+      - key: "stripe:{account_id}"
+        rate: 100
+        per: 1s
+        burst: 20
+        cost: 2
+        mode: wait
+        wait_timeout: 3s
+        rate_overrides: {"stripe:acct_big": 400}
+      - {rate: 5, per: 1m}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := cfg.Tasks["invoice:sync"].RateLimits
+	want := []RateLimitConfig{
+		{Key: "stripe:{account_id}", Rate: 100, Per: time.Second, Burst: 20, Cost: 2, Mode: ModeWait, WaitTimeout: 3 * time.Second,
+			RateOverrides: map[string]int{"stripe:acct_big": 400}},
+		{Key: "invoice:sync", Rate: 5, Per: time.Minute, Burst: 5, Cost: 1, Mode: ModeRequeue, WaitTimeout: DefaultWaitTimeout},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("rate_limits:\n got %+v\nwant %+v", got, want)
+	}
+	if l := got[0].LimitFor("stripe:acct_big"); l.Rate != 400 || l.Per != time.Second || l.Burst != 20 {
+		t.Errorf("LimitFor(stripe:acct_big) = %s, want 400 per 1s (burst 20)", l)
+	}
+	if l := got[0].LimitFor("stripe:acct_small"); l.Rate != 100 || l.Burst != 20 {
+		t.Errorf("LimitFor(stripe:acct_small) = %s, want 100 per 1s (burst 20)", l)
+	}
+	// withDefaults copies the overrides: the parsed config does not share
+	// its map with a later copy.
+	again := cfg.Tasks["invoice:sync"].withDefaults("invoice:sync", time.Second)
+	again.RateLimits[0].RateOverrides["stripe:acct_big"] = 1
+	if got[0].RateOverrides["stripe:acct_big"] != 400 {
+		t.Error("withDefaults shares rate_overrides with its input")
 	}
 }

@@ -24,6 +24,7 @@ func (c *Config) fieldErrors() []fieldError {
 	c.validateSemaphore(v)
 	c.validateMonitoring(v)
 	c.validateTasks(v)
+	c.validateRateLimits(v)
 	return v.errs
 }
 

@@ -23,7 +23,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/fleetcap/fleetcap/control"
 	"github.com/fleetcap/fleetcap/monitoring"
+	"github.com/fleetcap/fleetcap/ratelimit"
 	"github.com/fleetcap/fleetcap/tasks"
 	"github.com/fleetcap/fleetcap/worker"
 )
@@ -101,6 +103,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}()
 
+	keys, err := worker.NewKeyIndex(cfg)
+	if err != nil {
+		return usageError{err}
+	}
 	reg := monitoring.NewRegistry()
 	var w *worker.Worker
 	metrics, err := monitoring.NewMetrics(reg, monitoring.MetricsOptions{KeyLabel: func(key string) string {
@@ -108,7 +114,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return key
 		}
 		return w.KeyLabel(key)
-	}})
+	}, RateKeyLabel: keys.RateKeyLabel})
 	if err != nil {
 		return err
 	}
@@ -126,7 +132,30 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			metrics.SetCapacity(k.Key, k.Capacity)
 		}
 	}
+	for _, k := range keys.RateKeys() {
+		metrics.SetRateLimit(k.Key, k.Limit)
+	}
 	reg.MustRegister(monitoring.NewQueueCollector(w.Inspector(), monitoring.QueueCollectorOptions{Logger: logger}))
+
+	// The rate limiter and the runtime overrides, for the monitoring server.
+	rdb, err := cfg.Redis.NewClient()
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	limiter, err := ratelimit.New(rdb, ratelimit.Options{Observer: metrics})
+	if err != nil {
+		return err
+	}
+	store, err := control.NewStore(rdb, control.Options{})
+	if err != nil {
+		return err
+	}
+	overrides, err := control.NewReader(ctx, store, control.ReaderOptions{Logger: logger})
+	if err != nil {
+		return fmt.Errorf("worker: runtime overrides: %w", err)
+	}
+	defer overrides.Close()
 
 	srv, err := monitoring.NewServer(monitoring.ServerOptions{
 		Addr:      cfg.Monitoring.Addr,
@@ -140,6 +169,24 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			}
 			return out, nil
 		},
+		LookupKey: func(key string) (monitoring.KeyInfo, bool) {
+			k, ok := keys.LookupCap(key)
+			return monitoring.KeyInfo{Key: k.Key, Capacity: k.Capacity, Template: k.Template}, ok
+		},
+		RateLimiter: limiter,
+		RateKeys: func(context.Context) ([]monitoring.RateKeyInfo, error) {
+			declared := keys.RateKeys()
+			out := make([]monitoring.RateKeyInfo, len(declared))
+			for i, k := range declared {
+				out[i] = rateKeyInfo(k)
+			}
+			return out, nil
+		},
+		LookupRateKey: func(key string) (monitoring.RateKeyInfo, bool) {
+			k, ok := keys.LookupRate(key)
+			return rateKeyInfo(k), ok
+		},
+		Overrides:        overrides,
 		AdminToken:       cfg.Monitoring.AdminToken,
 		RedisConnOpt:     w.RedisConnOpt(),
 		AsynqmonWritable: !cfg.Monitoring.ReadOnly(),
@@ -173,4 +220,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		logger.Warn("monitoring: serve", "err", err)
 	}
 	return runErr
+}
+
+func rateKeyInfo(k worker.DeclaredRateKey) monitoring.RateKeyInfo {
+	return monitoring.RateKeyInfo{Key: k.Key, Template: k.Template, Limit: k.Limit, MaxCost: k.MaxCost}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/internal/syncbuf"
 )
 
 func writeConfig(t *testing.T, content string) string {
@@ -61,25 +62,40 @@ func TestBadInput(t *testing.T) {
 func TestRunsAndStops(t *testing.T) {
 	srv := redistest.Start(t)
 	cfg := writeConfig(t, "redis:\n  url: "+srv.URL()+"\nmonitoring:\n  addr: 127.0.0.1:0\n")
+	_, stop := startWorker(t, cfg)
+	stop()
+}
+
+// startWorker runs the worker with the config file at path until stop,
+// which fails the test unless the worker exits 0. It returns the base URL
+// of the monitoring server, once the worker has printed it.
+func startWorker(t *testing.T, path string) (base string, stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	var stderr bytes.Buffer
+	var stderr syncbuf.Buffer
 	done := make(chan int, 1)
-	out := &lockedBuffer{}
-	go func() { done <- exitCode(run(ctx, []string{"--config", cfg}, out, &stderr), &stderr) }()
+	out := &syncbuf.Buffer{}
+	go func() { done <- exitCode(run(ctx, []string{"--config", path}, out, &stderr), &stderr) }()
 	deadline := time.Now().Add(20 * time.Second)
-	for !strings.Contains(out.String(), "/semaphores") {
+	for !strings.Contains(out.String(), "/semaphores\n") {
 		if time.Now().After(deadline) {
-			t.Fatalf("no page addresses printed: %q", out.String())
+			cancel()
+			t.Fatalf("no page addresses printed: %q; stderr:\n%s", out.String(), stderr.String())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	cancel()
-	select {
-	case code := <-done:
-		if code != 0 {
-			t.Fatalf("exit code %d; stderr:\n%s", code, stderr.String())
+	_, rest, _ := strings.Cut(out.String(), "semaphores: ")
+	base, _, _ = strings.Cut(rest, "/semaphores")
+	return base, func() {
+		t.Helper()
+		cancel()
+		select {
+		case code := <-done:
+			if code != 0 {
+				t.Fatalf("exit code %d; stderr:\n%s", code, stderr.String())
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("worker did not stop")
 		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("worker did not stop")
 	}
 }

@@ -324,3 +324,18 @@ func StartWithUser(tb testing.TB, username, password string, opts ...Option) *Se
 	tb.Cleanup(s.Stop)
 	return s
 }
+
+// RunMain is a TestMain for packages whose examples need a Redis: it
+// starts a private redis-server, stores its host:port in *addr, runs the
+// tests, stops the server and exits with the tests' code.
+func RunMain(m *testing.M, addr *string) {
+	a, stop, err := StartDetached()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	*addr = a
+	code := m.Run()
+	stop()
+	os.Exit(code)
+}
