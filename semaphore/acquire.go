@@ -21,10 +21,17 @@ const storeTimeout = 5 * time.Second
 // (WithMaxAttempts), ReasonTimeout (WithWaitTimeout), ReasonError (the store
 // failed), ReasonShutdown (Close) or ReasonCanceled (ctx is done).
 func (s *Service) Acquire(ctx context.Context, key string, permits int, opts ...AcquireOption) (*Permit, error) {
+	return s.acquireFrom(ctx, key, permits, 0, opts...)
+}
+
+// acquireFrom is Acquire for a waiter whose place in line is arrival
+// (server µs) rather than now; 0 for now.
+func (s *Service) acquireFrom(ctx context.Context, key string, permits int, arrival int64, opts ...AcquireOption) (*Permit, error) {
 	cfg, err := s.acquireConfig(key, permits, opts)
 	if err != nil {
 		return nil, err
 	}
+	cfg.ticket = arrival
 	return s.observed(ctx, key, permits, func(ctx context.Context) (*Permit, int, error) {
 		return s.acquire(ctx, key, permits, cfg)
 	})
@@ -147,9 +154,8 @@ type acquireArgs struct {
 	// release is the member of a seat of ours given back in the same
 	// call (a hand-over through the store); "" for none.
 	release string
-	// unpark is the caller's parked token (WithUnpark): a grant takes it
-	// out of the parked line.
-	unpark string
+	// token is the caller's token in the waiting room (WithToken).
+	token string
 }
 
 // acquireReply is acquire.lua's answer.
@@ -168,38 +174,35 @@ type acquireReply struct {
 	// the fleet-wide line; 0 if none.
 	aheadTicket int64
 	nowMicros   int64
-	// token is the first parked token, taken because args.release was
-	// held.
-	token string
-	free  int64     // seats still free after the call
-	sent  time.Time // local time the call was sent
+	// tokens were let out of the waiting room by the call (and are
+	// handed to Options.OnWake).
+	tokens []string
+	free   int64     // seats still free after the call
+	ticket int64     // the waiter's place in line
+	sent   time.Time // local time the call was sent
 }
 
 // newAcquireArgs asks for a seat for req under a new permit id.
 func newAcquireArgs(req request) acquireArgs {
-	return acquireArgs{member: member(randomID(), req.cfg.holder), ttl: req.cfg.ttl, capacity: req.capacity, unpark: req.cfg.unpark}
+	return acquireArgs{member: member(randomID(), req.cfg.holder), ttl: req.cfg.ttl, capacity: req.capacity, token: req.cfg.token}
 }
 
 // callAcquire runs acquire.lua once.
 func (s *Service) callAcquire(k keys, key string, a acquireArgs) (acquireReply, error) {
 	r := acquireReply{member: a.member, sent: time.Now()}
 	r.permitID, _ = splitMember(a.member)
-	takeToken := ""
-	if a.release != "" {
-		takeToken = s.wakeFlag()
-	}
 	argv := []any{a.member, a.ttl.Milliseconds(), a.capacity,
 		a.entry, lineEntryTTL.Milliseconds(), s.wakePrefix(), key, ticketArg(a.ticket), ticketArg(a.nextTicket), a.release,
-		takeToken, a.unpark}
+		s.wakeFlag(), a.token}
 	for len(argv) > 7 && argv[len(argv)-1] == "" {
 		argv = argv[:len(argv)-1] // the script reads absent optional arguments as ''
 	}
-	vals, err := s.batch.of(k.holders).run(acquireScript, []string{k.holders, k.queue, k.qexp, k.parked}, argv...).Slice()
+	vals, err := s.batch.of(k.holders).run(acquireScript, k.all(), argv...).Slice()
 	if err != nil {
 		return r, err
 	}
 	var nums [7]int64
-	if len(vals) != len(nums)+2 {
+	if len(vals) != len(nums)+3 {
 		return r, fmt.Errorf("semaphore: acquire script replied %d values", len(vals))
 	}
 	for i, v := range vals[:len(nums)] {
@@ -215,9 +218,13 @@ func (s *Service) callAcquire(k keys, key string, a acquireArgs) (acquireReply, 
 	}
 	r.aheadTicket = nums[4]
 	r.nowMicros = nums[5]*1e6 + nums[6]
-	r.token, _ = vals[7].(string)
+	r.tokens = replyStrings(vals[7])
+	s.woke(key, r.tokens)
 	if r.free, err = replyInt(vals[8]); err != nil {
 		return r, fmt.Errorf("semaphore: acquire script reply 8: %w", err)
+	}
+	if r.ticket, err = replyInt(vals[9]); err != nil {
+		return r, fmt.Errorf("semaphore: acquire script reply 9: %w", err)
 	}
 	s.clock.observe(r.nowMicros, r.sent, time.Now())
 	return r, nil
@@ -253,6 +260,22 @@ func replyInt(v any) (int64, error) {
 	default:
 		return 0, fmt.Errorf("unexpected %T", v)
 	}
+}
+
+// replyStrings reads a list of strings of a script reply: a nested list,
+// or the values themselves.
+func replyStrings(v any) []string {
+	list, ok := v.([]any)
+	if !ok {
+		return nil
+	}
+	out := make([]string, 0, len(list))
+	for _, x := range list {
+		if s, ok := x.(string); ok && s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // grant turns a granted attempt into a Permit.

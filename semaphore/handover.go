@@ -14,8 +14,9 @@ import (
 //     (handOverThroughStore), which follows the fleet-wide line.
 //
 // With no local waiter it is a plain script call (releasePlain) that wakes
-// whoever is first in line. Every path that frees a held seat also takes
-// the first parked token (see Park) and hands it to Options.OnWake.
+// whoever is first in line. Every path that frees a held seat, or gives one
+// to a task of the waiting room, also lets the next tokens out of the room
+// (see Enter) and hands them to Options.OnWake.
 
 // localHandOverMargin is how far ahead a releasing permit's lease must still
 // run (by the local clock, which errs early) for its seat to go straight to
@@ -90,8 +91,8 @@ func (l *line) settleHeadWith(p *Permit) (call *evalCall, q *Permit, ok bool) {
 	p.mu.Unlock()
 	// The call goes first, then the waiter wakes: it runs while the
 	// releasing goroutine waits for the reply.
-	call = &evalCall{script: handoffScript, keys: []string{l.k.holders, l.k.queue, l.k.qexp, l.k.parked},
-		args: []any{p.member, q.member, q.ttl.Milliseconds(), l.s.id, ticketArg(next), lineEntryTTL.Milliseconds(), l.s.wakeFlag(), head.req.cfg.unpark}}
+	call = &evalCall{script: handoffScript, keys: l.k.all(),
+		args: []any{p.member, q.member, q.ttl.Milliseconds(), l.s.id, ticketArg(next), lineEntryTTL.Milliseconds(), l.s.wakeFlag(), head.req.cfg.token, p.capacity}}
 	l.s.batch.of(l.k.holders).submit(call)
 	head.handed = true
 	l.settle(head, q, nil)
@@ -127,8 +128,7 @@ func (l *line) moveSeat(call *evalCall, q *Permit, sent time.Time) (bool, error)
 	l.aheadTicket = nums[2]
 	l.mu.Unlock()
 	l.s.clock.observe(nums[3], sent, time.Now())
-	token, _ := vals[4].(string)
-	l.s.woke(l.key, token)
+	l.s.woke(l.key, replyStrings(vals[4]))
 	q.handOverDone(moved, time.UnixMilli(nums[1]))
 	return moved, nil
 }
@@ -144,14 +144,13 @@ func (l *line) handOverThroughStore(p *Permit) (held, handed bool, err error) {
 	case err != nil:
 		return false, true, err
 	}
-	l.s.woke(l.key, res.token)
 	return res.released == 1, true, nil
 }
 
 // releasePlain frees p's seat, decides "held" by the store's clock, and
 // wakes the waiters first in line, in one call.
 func (s *Service) releasePlain(p *Permit) (bool, error) {
-	vals, err := s.batch.of(p.k.holders).run(releaseScript, []string{p.k.holders, p.k.queue, p.k.parked}, p.member, p.capacity, s.wakePrefix(), p.key, s.wakeFlag()).Slice()
+	vals, err := s.batch.of(p.k.holders).run(releaseScript, p.k.all(), p.member, p.capacity, s.wakePrefix(), p.key, s.wakeFlag()).Slice()
 	if err != nil {
 		return false, err
 	}
@@ -162,7 +161,6 @@ func (s *Service) releasePlain(p *Permit) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	token, _ := vals[1].(string)
-	s.woke(p.key, token)
+	s.woke(p.key, replyStrings(vals[1]))
 	return n == 1, nil
 }

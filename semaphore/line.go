@@ -141,7 +141,10 @@ func (l *line) arrive(ctx context.Context, w *waiter) (p *Permit, attempts int, 
 	for {
 		l.mu.Lock()
 		if len(l.waiters) > 0 || l.serving {
-			w.ticket, _ = l.s.clock.now()
+			w.ticket = w.req.cfg.ticket
+			if w.ticket == 0 {
+				w.ticket, _ = l.s.clock.now()
+			}
 			l.enqueue(w)
 			l.mu.Unlock()
 			return nil, 0, nil, false
@@ -204,7 +207,7 @@ func (l *line) askStore(w *waiter, isProbe bool) (*Permit, error, bool) {
 	// Full: our entry stands in the fleet-wide line now, with this
 	// arrival's place.
 	l.queued, l.capacity, l.aheadTicket = true, req.capacity, res.aheadTicket
-	w.ticket, w.attempts = res.nowMicros, 1
+	w.ticket, w.attempts = res.ticket, 1
 	l.enqueue(w)
 	l.mu.Unlock()
 	return nil, nil, false

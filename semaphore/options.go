@@ -14,7 +14,8 @@ type acquireConfig struct {
 	maxAttempts int           // 0: no cap
 	autoRenew   bool
 	holder      string
-	unpark      string // the caller's parked token, if any
+	token       string // the caller's token in the waiting room, if any
+	ticket      int64  // the waiter's place in line when known (Entry.Wait), server µs
 	err         error
 }
 
@@ -66,12 +67,12 @@ func WithHolder(label string) AcquireOption {
 	return func(c *acquireConfig) { c.holder = label }
 }
 
-// WithUnpark names the caller's token in the key's parked line (see
-// Service.Park): the seat it takes takes the token out of the line in the
-// same call, so that a task that runs leaves no token behind. A token not
-// parked is ignored.
-func WithUnpark(token string) AcquireOption {
-	return func(c *acquireConfig) { c.unpark = token }
+// WithToken names the caller's token in the key's waiting room (see
+// Service.Enter): Acquire waits in line from the token's arrival, and the
+// seat it takes takes the token out of the room in the same call, so that
+// a task that runs leaves no token behind. An unknown token is ignored.
+func WithToken(token string) AcquireOption {
+	return func(c *acquireConfig) { c.token = token }
 }
 
 func (s *Service) acquireConfig(key string, permits int, opts []AcquireOption) (acquireConfig, error) {

@@ -36,21 +36,34 @@ import (
 var luaFiles embed.FS
 
 func script(name string) *redis.Script {
+	return redis.NewScript(luaFile(name))
+}
+
+// roomScript is a script that uses the waiting room's functions: room.lua
+// comes first. Its KEYS are those of keys.all.
+func roomScript(name string) *redis.Script {
+	return redis.NewScript(luaFile("room.lua") + luaFile(name))
+}
+
+func luaFile(name string) string {
 	src, err := luaFiles.ReadFile("lua/" + name)
 	if err != nil {
 		panic("semaphore: missing embedded script " + name) // a build defect, not user input
 	}
-	return redis.NewScript(string(src))
+	return string(src)
 }
 
 var (
-	acquireScript      = script("acquire.lua")
-	releaseScript      = script("release.lua")
+	acquireScript      = roomScript("acquire.lua")
+	releaseScript      = roomScript("release.lua")
+	handoffScript      = roomScript("handoff.lua")
+	forceReleaseScript = roomScript("forcerelease.lua")
+	enterScript        = roomScript("enter.lua")
+	parkScript         = roomScript("park.lua")
+	dismissScript      = roomScript("dismiss.lua")
+	admitScript        = roomScript("admit.lua")
 	extendScript       = script("extend.lua")
 	leaveScript        = script("leave.lua")
-	handoffScript      = script("handoff.lua")
-	parkScript         = script("park.lua")
-	forceReleaseScript = script("forcerelease.lua")
 	holdersScript      = script("holders.lua")
 	heldScript         = script("held.lua")
 )
@@ -68,10 +81,11 @@ type Options struct {
 	Logger         *slog.Logger         // default slog.Default()
 	TracerProvider trace.TracerProvider // default otel.GetTracerProvider()
 	Observer       Observer             // metrics hook; nil = none
-	// OnWake receives the tokens of Park: each release of a seat by this
-	// Service hands it the first token parked on that key, if any. It is
-	// called on a goroutine of its own. Nil drops them.
-	OnWake func(key, token string)
+	// OnWake receives the tokens this Service lets out of a key's waiting
+	// room (see Enter and Park): each should be brought to a slot, where
+	// its task calls Enter again. It is called on a goroutine of its own.
+	// A Service without it leaves the room alone.
+	OnWake func(key string, tokens []string)
 }
 
 // Service hands out permits of semaphores kept in one Redis. It is safe for
@@ -84,7 +98,7 @@ type Service struct {
 	log    *slog.Logger
 	tracer trace.Tracer
 	obs    Observer
-	onWake func(key, token string)
+	onWake func(key string, tokens []string)
 	id     string // this Service's name in the waiting lines
 
 	closeOnce sync.Once
@@ -144,14 +158,20 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 
 // keys are the Redis keys of one semaphore; they share the hash tag {key}
 // (see hashTag). A holder's label travels inside its member of holders
-// (see member).
+// (see member). The last four are the waiting room (lua/room.lua).
 type keys struct {
-	holders, queue, qexp, parked string
+	holders, queue, qexp, parked, standby, since, room string
 }
 
 func (s *Service) keysFor(key string) keys {
 	base := s.prefix + "{" + hashTag(key) + "}:"
-	return keys{holders: base + "holders", queue: base + "queue", qexp: base + "qexp", parked: base + "parked"}
+	return keys{holders: base + "holders", queue: base + "queue", qexp: base + "qexp",
+		parked: base + "parked", standby: base + "standby", since: base + "since", room: base + "room"}
+}
+
+// all is the KEYS of a roomScript.
+func (k keys) all() []string {
+	return []string{k.holders, k.queue, k.qexp, k.parked, k.standby, k.since, k.room}
 }
 
 // tagEscaper makes any key a valid hash tag: Redis Cluster hashes what
@@ -251,14 +271,14 @@ func (s *Service) Holders(ctx context.Context, key string) ([]Holder, error) {
 
 // ForceReleaseAll frees every seat of key and returns how many live holders
 // it displaced. Their Release returns ErrPermitNotHeld, their Extend
-// ErrExtension. Waiters are woken, and with Options.OnWake a parked token
-// is handed on for every seat freed.
+// ErrExtension. Waiters are woken, and with Options.OnWake tokens are let
+// out of the waiting room for the seats freed.
 func (s *Service) ForceReleaseAll(ctx context.Context, key string) (int, error) {
 	if err := checkKey(key); err != nil {
 		return 0, err
 	}
 	k := s.keysFor(key)
-	vals, err := forceReleaseScript.Run(ctx, s.rdb, []string{k.holders, k.queue, k.parked}, s.wakePrefix(), key, s.wakeFlag()).Slice()
+	vals, err := forceReleaseScript.Run(ctx, s.rdb, k.all(), s.wakePrefix(), key, s.wakeFlag()).Slice()
 	if err != nil {
 		return 0, fmt.Errorf("semaphore: force release of %q: %w", key, err)
 	}
@@ -270,10 +290,7 @@ func (s *Service) ForceReleaseAll(ctx context.Context, key string) (int, error) 
 		return 0, fmt.Errorf("semaphore: force release script reply 0: %w", err)
 	}
 	s.log.Warn("semaphore: force-released every seat", "key", key, "displaced", n)
-	for _, v := range vals[1:] {
-		token, _ := v.(string)
-		s.woke(key, token)
-	}
+	s.woke(key, replyStrings(vals[1:]))
 	return int(n), nil
 }
 

@@ -5,9 +5,9 @@
 --                  permit id, or the permit id, "\n" and the holder label
 -- KEYS[2] queue    ZSET waiter entry -> ticket (arrival, server µs)
 -- KEYS[3] qexp     ZSET waiter entry -> entry expiry (server ms)
--- KEYS[4] parked   ZSET token -> when it first parked (see park.lua): a
---                  hand-over releases a seat, so it takes the first; a
---                  grant takes ARGV[12] out
+-- KEYS[4..7]      the waiting room (see room.lua): a grant takes the
+--                  caller's token (ARGV[12]) out; a seat freed or taken
+--                  by a token lets the next tokens out
 -- ARGV[1] member to grant
 -- ARGV[2] lease TTL, ms
 -- ARGV[3] capacity
@@ -18,9 +18,10 @@
 -- ARGV[8] the waiter's ticket ('' or absent for now)
 -- ARGV[9] after a grant: ''/absent drops the entry, a ticket re-queues it
 -- ARGV[10] member to release first (''/absent for none): a hand-over
--- ARGV[11] '1' to take a parked token when ARGV[10]'s seat was held
--- ARGV[12] the parked token of the caller (''/absent for none): a grant
---          takes it out of the parked line, as its task now runs
+-- ARGV[11] '1' when this Service hands admitted tokens on (it has OnWake)
+-- ARGV[12] the caller's token in the room (''/absent for none): its
+--          arrival is the waiter's ticket when ARGV[8] is empty, and a
+--          grant takes it out, as its task now runs
 --
 -- Tickets are integers of 16 digits: they travel as strings, because Lua
 -- would print such a number with 14 significant digits.
@@ -33,17 +34,25 @@
 --         lease expiry ms (0 if none or granted), first ticket of another
 --         entry in line ('' if none), now: seconds, now: microseconds
 --         within the second (TIME's own two strings, unformatted), the
---         first parked token when a held seat was released ('' if none),
---         seats still free after this call}
+--         tokens admitted from the room (a list), seats still free after
+--         this call, the waiter's ticket (its place in line)}
 
 local holders, queue, qexp = KEYS[1], KEYS[2], KEYS[3]
 local ttl = tonumber(ARGV[2])
 local capacity = tonumber(ARGV[3])
 local entry, qttl = ARGV[4], tonumber(ARGV[5])
 local ticket, nextTicket, release = ARGV[8] or '', ARGV[9] or '', ARGV[10] or ''
+local token = ARGV[12] or ''
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local nowus = t[1] .. string.format('%06d', tonumber(t[2]))
+-- A token's arrival in the room is its place, set by the server: trusted.
+local trusted = false
+if ticket == '' and token ~= '' then
+  local arrival = redis.call('HGET', KEYS[6], token)
+  if arrival then ticket, trusted = arrival, true end
+end
 
 local released = -1
 local freed = false
@@ -83,7 +92,7 @@ if free > 0 then
       if entry ~= '' and redis.call('ZSCORE', queue, entry) then ahead = ahead - 1 end
     else
       ahead = redis.call('ZCOUNT', queue, '-inf', '(' .. ticket)
-      if ahead > 0 and redis.call('ZSCORE', queue, entry) == false then
+      if ahead > 0 and not trusted and redis.call('ZSCORE', queue, entry) == false then
         -- a waiter whose entry is not queued is behind every queued entry
         ahead = waiting
       end
@@ -97,7 +106,7 @@ if free > 0 then
     if redis.call('PTTL', holders) < ttl then
       redis.call('PEXPIRE', holders, ttl * 2)
     end
-    if (ARGV[12] or '') ~= '' then redis.call('ZREM', KEYS[4], ARGV[12]) end
+    forget(token)
     if entry ~= '' then
       if nextTicket ~= '' then
         waiting = waiting + redis.call('ZADD', queue, nextTicket, entry)
@@ -114,8 +123,9 @@ end
 
 if granted == 0 and entry ~= '' then
   if ticket == '' then
-    local nowus = t[1] .. string.format('%06d', tonumber(t[2]))
     waiting = waiting + redis.call('ZADD', queue, 'NX', nowus, entry)
+  elseif trusted then
+    waiting = waiting + redis.call('ZADD', queue, 'LT', ticket, entry)
   else
     waiting = waiting + redis.call('ZADD', queue, ticket, entry)
   end
@@ -147,9 +157,9 @@ if granted == 0 then
   local e = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
   if #e > 0 then earliest = tonumber(e[2]) end
 end
-local token = ''
-if released == 1 and ARGV[11] == '1' then
-  local first = redis.call('ZPOPMIN', KEYS[4])
-  if #first > 0 then token = first[1] end
+local tokens = {}
+if ARGV[11] == '1' and (released == 1 or (granted == 1 and token ~= '')) then
+  tokens = admit(now, math.max(free, 0))
 end
-return {granted, now, released, earliest, other, t[1], t[2], token, math.max(free, 0)}
+if ticket == '' then ticket = nowus end
+return {granted, now, released, earliest, other, t[1], t[2], tokens, math.max(free, 0), ticket}

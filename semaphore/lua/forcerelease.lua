@@ -1,31 +1,27 @@
 -- forcerelease.lua: free every seat of a semaphore, wake every waiter, and
--- take a parked token (see park.lua) for every seat freed.
+-- let tokens out of the waiting room (see room.lua) for the seats freed.
 --
 -- KEYS[1] holders  ZSET member -> lease expiry (server ms)
 -- KEYS[2] queue    ZSET waiter entry -> ticket
--- KEYS[3] parked   ZSET token -> when it first parked
+-- KEYS[3] qexp     (unused)
+-- KEYS[4..7]       the waiting room
 -- ARGV[1] wake channel prefix (the entry's name is appended)
 -- ARGV[2] the semaphore key, sent as the wake message
--- ARGV[3] '1' to take parked tokens (the Service hands them on)
+-- ARGV[3] '1' when this Service hands admitted tokens on (it has OnWake)
 --
--- Reply: {how many live (unexpired) holders were displaced, the parked
---         tokens taken...}. Seats whose lease had run out count as freed
---         too: nobody released them, so nothing woke their parked tasks.
+-- Reply: {how many live (unexpired) holders were displaced, the tokens
+--         admitted from the room...}. Seats whose lease had run out count
+--         as freed too: nobody released them, so nobody let tokens out.
 
 local holders, queue = KEYS[1], KEYS[2]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = clock()
 local live = redis.call('ZCOUNT', holders, '(' .. now, '+inf')
-local freed = redis.call('ZCARD', holders)
 redis.call('DEL', holders)
 for _, e in ipairs(redis.call('ZRANGE', queue, 0, -1)) do
   redis.call('PUBLISH', ARGV[1] .. e, ARGV[2])
 end
 local reply = {live}
 if ARGV[3] == '1' then
-  if freed > 0 then
-    local popped = redis.call('ZPOPMIN', KEYS[3], freed)
-    for i = 1, #popped, 2 do reply[#reply + 1] = popped[i] end
-  end
+  for _, token in ipairs(admit(now, roomCapacity(0))) do reply[#reply + 1] = token end
 end
 return reply

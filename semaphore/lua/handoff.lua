@@ -5,9 +5,9 @@
 -- KEYS[1] holders  ZSET member -> lease expiry (server ms)
 -- KEYS[2] queue    ZSET waiter entry -> ticket (arrival, server µs)
 -- KEYS[3] qexp     ZSET waiter entry -> entry expiry (server ms)
--- KEYS[4] parked   ZSET token -> when it first parked (see park.lua): a
---                  moved seat is a release too, so it takes the first; the
---                  taker's own token (ARGV[8]) leaves
+-- KEYS[4..7]      the waiting room (see room.lua): the taker's token
+--                  (ARGV[8]) leaves it; a token that took a seat lets the
+--                  next one out
 -- ARGV[1] member giving the seat up
 -- ARGV[2] member taking it
 -- ARGV[3] the new lease's TTL, ms
@@ -15,13 +15,14 @@
 -- ARGV[5] the ticket of its next local waiter ('' if none): the entry, if
 --         queued, is re-stamped with it and refreshed
 -- ARGV[6] queue entry TTL, ms
--- ARGV[7] '1' to take a parked token
--- ARGV[8] the taker's parked token ('' for none): it leaves the parked
---         line, as its task now runs
+-- ARGV[7] '1' when this Service hands admitted tokens on (it has OnWake)
+-- ARGV[8] the taker's token in the room ('' for none): it leaves the room,
+--         as its task now runs
+-- ARGV[9] capacity
 --
 -- Reply: {1 moved | 0 the seat was already lost (nothing moved), now ms,
 --         first ticket of another entry in line ('' if none), now µs,
---         the first parked token when moved ('' if none)}
+--         the tokens admitted from the room (a list)}
 
 local holders, queue, qexp = KEYS[1], KEYS[2], KEYS[3]
 local ttl = tonumber(ARGV[3])
@@ -54,12 +55,11 @@ if ARGV[5] ~= '' and #first > 0 then
   redis.call('ZADD', queue, 'XX', ARGV[5], ARGV[4])
   redis.call('ZADD', qexp, 'XX', now + tonumber(ARGV[6]), ARGV[4])
 end
-local token = ''
-if moved == 1 then
-  if ARGV[8] ~= '' then redis.call('ZREM', KEYS[4], ARGV[8]) end
+local tokens = {}
+if moved == 1 and ARGV[8] ~= '' then
+  forget(ARGV[8])
   if ARGV[7] == '1' then
-    local first = redis.call('ZPOPMIN', KEYS[4])
-    if #first > 0 then token = first[1] end
+    tokens = admit(now, math.max(tonumber(ARGV[9]) - liveHolders(now), 0))
   end
 end
-return {moved, now, other, nowus, token}
+return {moved, now, other, nowus, tokens}

@@ -1,24 +1,25 @@
--- park.lua: record a token as waiting for a seat outside the Service (a
--- task that went back to its queue, say), unless a seat is free for a
--- newcomer now. The next release of a seat takes the first token (see
--- release.lua), so a token parked here is never passed over by a release
--- that came after the check. A token parks once: parking it again keeps
--- its place; it leaves when a release takes it, or when its owner takes a
--- seat (acquire.lua's ARGV[12]).
+-- park.lua: put a token in the waiting room (see room.lua): a task that
+-- waits for a seat outside any process, such as a task sent back to its
+-- queue. A token keeps the place it first took: a token that stood by
+-- (its standby wait ran out) goes back with its arrival. Then let the
+-- tokens that came first out, the parked one too when a place is free.
 --
--- KEYS[1] holders  ZSET member -> lease expiry (server ms)
--- KEYS[2] queue    ZSET waiter entry -> ticket
--- KEYS[3] parked   ZSET token -> when it first parked (server µs)
+-- KEYS[1..7] holders, queue, qexp (unused), parked, standby, since, room
 -- ARGV[1] capacity
 -- ARGV[2] token
--- ARGV[3] how long the line outlives its last park, ms
+-- ARGV[3] how long the room's keys outlive this call, ms
+-- ARGV[4] standby budget
+-- ARGV[5] transit: how long a place waits for its task, ms
+-- ARGV[6] '1' when this Service hands admitted tokens on (it has OnWake)
 --
--- Reply: 1 parked, 0 a seat is free (try to take it instead).
+-- Reply: the tokens admitted (a list).
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local used = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
-if tonumber(ARGV[1]) - used > redis.call('ZCARD', KEYS[2]) then return 0 end
-redis.call('ZADD', KEYS[3], 'NX', t[1] .. string.format('%06d', tonumber(t[2])), ARGV[2])
-redis.call('PEXPIRE', KEYS[3], ARGV[3])
-return 1
+local now, nowus = clock()
+local token, keyttl = ARGV[2], ARGV[3]
+redis.call('HSET', KEYS[7], 'capacity', ARGV[1], 'budget', ARGV[4], 'transit', ARGV[5], 'keyttl', keyttl)
+redis.call('HSETNX', KEYS[6], token, nowus)
+redis.call('ZREM', KEYS[5], token)
+redis.call('ZADD', KEYS[4], 'NX', redis.call('HGET', KEYS[6], token), token)
+for i = 4, 7 do redis.call('PEXPIRE', KEYS[i], keyttl) end
+if ARGV[6] ~= '1' then return {} end
+return admit(now, math.max(tonumber(ARGV[1]) - liveHolders(now), 0))

@@ -1,0 +1,305 @@
+package semaphore_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/internal/waitfor"
+	"github.com/fleetcap/fleetcap/semaphore"
+)
+
+// roomOf is a room with standby places.
+func roomOf(standby int) semaphore.Room {
+	return semaphore.Room{Standby: standby, Hold: 10 * time.Second, Transit: 10 * time.Second, TTL: time.Minute}
+}
+
+// wakeLog collects the tokens a Service's OnWake is handed.
+type wakeLog chan string
+
+func (w wakeLog) option(o *semaphore.Options) {
+	o.OnWake = func(key string, tokens []string) {
+		for _, t := range tokens {
+			w <- t
+		}
+	}
+}
+
+// next is the next token let out, or fails after 5 s.
+func (w wakeLog) next(t *testing.T) string {
+	t.Helper()
+	select {
+	case token := <-w:
+		return token
+	case <-time.After(5 * time.Second):
+		t.Fatal("no token let out of the room within 5s")
+		return ""
+	}
+}
+
+// none checks that no token was let out.
+func (w wakeLog) none(t *testing.T) {
+	t.Helper()
+	select {
+	case token := <-w:
+		t.Fatalf("token %q let out of the room", token)
+	default:
+	}
+}
+
+func enter(t *testing.T, s *semaphore.Service, key string, capacity int, token string, room semaphore.Room) *semaphore.Entry {
+	t.Helper()
+	e, err := s.Enter(context.Background(), key, capacity, token, room, semaphore.WithHolder(token))
+	if err != nil {
+		t.Fatalf("Enter %s: %v", token, err)
+	}
+	return e
+}
+
+// TestRoomLetsOutInArrivalOrder: tasks that find no seat stand by while
+// places are free, then go to the room; a token parks once, keeping its
+// first place however often its task comes back; and as places free the
+// tokens that came first are let out, each once.
+func TestRoomLetsOutInArrivalOrder(t *testing.T) {
+	srv := redistest.Start(t)
+	woken := make(wakeLog, 16)
+	s := newService(t, srv.Client(), woken.option)
+	ctx := context.Background()
+	key := uniqueKey(t)
+	room := roomOf(1)
+	parkedKey := semaphore.DefaultPrefix + "{" + key + "}:parked"
+
+	first := enter(t, s, key, 1, "t0", room)
+	if first.Permit == nil {
+		t.Fatal("the first task found no free seat")
+	}
+	standing := enter(t, s, key, 1, "t1", room)
+	if standing.Permit != nil || !standing.Standby {
+		t.Fatalf("second task: permit %v, standby %v; want a standby place", standing.Permit, standing.Standby)
+	}
+	for _, token := range []string{"t2", "t3", "t2", "t4", "t3", "t2"} {
+		e := enter(t, s, key, 1, token, room)
+		if e.Permit != nil || e.Standby {
+			t.Fatalf("%s: permit %v, standby %v; want the room", token, e.Permit, e.Standby)
+		}
+	}
+	if n := srv.Client().ZCard(ctx, parkedKey).Val(); n != 3 {
+		t.Fatalf("%d tokens parked for 3 tasks", n)
+	}
+	woken.none(t)
+
+	// t1 takes the seat t0 frees; its place goes to t2, the first parked.
+	got := make(chan *semaphore.Permit, 1)
+	go func() {
+		p, err := standing.Wait(ctx, semaphore.WithWaitTimeout(5*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- p
+	}()
+	waitfor.Condition(t, 5*time.Second, "t1 waits in line", func() bool { return s.LocalWaiters(key) == 1 })
+	if err := first.Permit.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p := <-got
+	if p == nil {
+		t.FailNow()
+	}
+	if token := woken.next(t); token != "t2" {
+		t.Fatalf("let out %q, want t2 (parked first)", token)
+	}
+	woken.none(t)
+	// t2 comes to a slot and stands by; t1 finishes: t2 takes the seat and
+	// t3 is let out.
+	e2 := enter(t, s, key, 1, "t2", room)
+	if !e2.Standby {
+		t.Fatal("t2, let out of the room, has no standby place")
+	}
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p2, err := e2.Wait(ctx, semaphore.WithWaitTimeout(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token := woken.next(t); token != "t3" {
+		t.Fatalf("let out %q, want t3", token)
+	}
+	_ = p2.Release(ctx)
+	left := srv.Client().ZRange(ctx, parkedKey, 0, -1).Val()
+	if !slices.Equal(left, []string{"t4"}) {
+		t.Fatalf("still parked: %q, want [t4]", left)
+	}
+}
+
+// TestStandbyBudgetIsFleetWide: however many Services ask, no more tasks
+// hold standby places at once than the budget.
+func TestStandbyBudgetIsFleetWide(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	key := uniqueKey(t)
+	room := roomOf(2)
+	services := []*semaphore.Service{newService(t, srv.Client()), newService(t, srv.Client()), newService(t, srv.Client())}
+	holder := enter(t, services[0], key, 1, "holder", room)
+	if holder.Permit == nil {
+		t.Fatal("no seat for the first task")
+	}
+	standby := 0
+	for i := range 12 {
+		e := enter(t, services[i%3], key, 1, "task-"+string(rune('a'+i)), room)
+		if e.Permit != nil {
+			t.Fatalf("task %d took a second seat of capacity 1", i)
+		}
+		if e.Standby {
+			standby++
+		}
+	}
+	if standby != 2 {
+		t.Fatalf("%d tasks stand by across 3 Services, budget 2", standby)
+	}
+	if err := holder.Permit.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRoomPlaces: a stand-by that gives up goes back to the room ahead of
+// later tokens; a place that lapses goes back too (Admit lets it out
+// again); Dismiss hands a place on; Reserve promises a place to a task not
+// in a slot yet only while one is free, and a task parked after it is let
+// out when one frees.
+func TestRoomPlaces(t *testing.T) {
+	srv := redistest.Start(t)
+	woken := make(wakeLog, 16)
+	s := newService(t, srv.Client(), woken.option)
+	ctx := context.Background()
+	key := uniqueKey(t)
+	room := roomOf(1)
+	holder := enter(t, s, key, 1, "holder", room)
+	if holder.Permit == nil {
+		t.Fatal("no seat")
+	}
+	if e := enter(t, s, key, 1, "a", room); !e.Standby {
+		t.Fatal("a has no standby place")
+	}
+	if e := enter(t, s, key, 1, "b", room); e.Standby {
+		t.Fatal("b stands by beyond the budget")
+	}
+	// a's wait runs out: back to the room, ahead of b; its place goes to
+	// the first in the room, a itself.
+	if err := s.Park(ctx, key, 1, "a", room); err != nil {
+		t.Fatal(err)
+	}
+	if token := woken.next(t); token != "a" {
+		t.Fatalf("let out %q, want a (first to arrive)", token)
+	}
+	// a never shows up: Dismiss hands its place to b.
+	if err := s.Dismiss(ctx, key, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if token := woken.next(t); token != "b" {
+		t.Fatalf("let out %q, want b", token)
+	}
+	// b's place lapses (its worker died): Admit lets it out again.
+	short := semaphore.Room{Standby: 1, Hold: 50 * time.Millisecond, Transit: 50 * time.Millisecond, TTL: time.Minute}
+	if e := enter(t, s, key, 1, "b", short); !e.Standby {
+		t.Fatal("b lost its place")
+	}
+	serverClockPasses(t, srv.Client(), 60*time.Millisecond)
+	if err := s.Admit(ctx, key, 1, short); err != nil {
+		t.Fatal(err)
+	}
+	if token := woken.next(t); token != "b" {
+		t.Fatalf("let out %q after b's place lapsed, want b", token)
+	}
+	// A producer's task: no place while b holds the only one.
+	if ok, err := s.Reserve(ctx, key, 1, "c", room); err != nil || ok {
+		t.Fatalf("Reserve with every place taken = %v, %v", ok, err)
+	}
+	if err := s.Park(ctx, key, 1, "c", room); err != nil {
+		t.Fatal(err)
+	}
+	woken.none(t)
+	if err := s.Dismiss(ctx, key, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if token := woken.next(t); token != "c" {
+		t.Fatalf("let out %q, want c", token)
+	}
+	if err := holder.Permit.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// c's place is spoken for: a newcomer gets none, even with a free seat
+	// (c takes it when it shows up).
+	if ok, err := s.Reserve(ctx, key, 1, "d", room); err != nil || ok {
+		t.Fatalf("Reserve while c holds the only place = %v, %v", ok, err)
+	}
+	if e := enter(t, s, key, 1, "c", room); e.Permit == nil {
+		t.Fatal("c, let out of the room, found no seat")
+	}
+	if ok, err := s.Reserve(ctx, key, 1, "d", room); err != nil || !ok {
+		t.Fatalf("Reserve with the place free again = %v, %v", ok, err)
+	}
+}
+
+// TestForceReleaseLetsTokensOut: a force-release lets tokens out for the
+// seats it frees, so parked work does not wait for its safety net.
+func TestForceReleaseLetsTokensOut(t *testing.T) {
+	srv := redistest.Start(t)
+	woken := make(wakeLog, 16)
+	s := newService(t, srv.Client(), woken.option)
+	ctx := context.Background()
+	key := uniqueKey(t)
+	room := roomOf(0)
+	for _, token := range []string{"h1", "h2", "first", "second", "third"} {
+		enter(t, s, key, 2, token, room)
+	}
+	if n, err := s.ForceReleaseAll(ctx, key); err != nil || n != 2 {
+		t.Fatalf("ForceReleaseAll = %d, %v; want 2", n, err)
+	}
+	got := []string{woken.next(t), woken.next(t)}
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"first", "second"}) {
+		t.Fatalf("let out %v; want first and second", got)
+	}
+	woken.none(t)
+}
+
+// TestHandOverLetsTokensOut: a seat handed to a standing-by task in memory
+// frees that task's place: the next token is let out.
+func TestHandOverLetsTokensOut(t *testing.T) {
+	srv := redistest.Start(t)
+	woken := make(wakeLog, 16)
+	s := newService(t, srv.Client(), woken.option)
+	ctx := context.Background()
+	key := uniqueKey(t)
+	room := roomOf(1)
+	holder := enter(t, s, key, 1, "h", room)
+	standing := enter(t, s, key, 1, "a", room)
+	enter(t, s, key, 1, "b", room)
+	got := make(chan *semaphore.Permit, 1)
+	go func() {
+		p, err := standing.Wait(ctx, semaphore.WithWaitTimeout(5*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- p
+	}()
+	waitfor.Condition(t, 5*time.Second, "a waits in line", func() bool { return s.LocalWaiters(key) == 1 })
+	handed := s.LocalHandOvers()
+	if err := holder.Permit.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p := <-got
+	if p == nil {
+		t.FailNow()
+	}
+	defer p.Release(ctx)
+	if s.LocalHandOvers() == handed {
+		t.Fatal("the seat did not go by a local hand-over: the test did not exercise it")
+	}
+	if token := woken.next(t); token != "b" {
+		t.Fatalf("let out %q, want b", token)
+	}
+}
