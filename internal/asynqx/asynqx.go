@@ -11,7 +11,9 @@
 //     right, so a task pushed on the right runs next (Wake,
 //     RecoverExpired);
 //   - an active task's lease is its score in the lease set, Unix seconds;
-//   - the warning asynq logs for a revoked task (RevokedTaskID).
+//   - the keys and arguments of asynq's dequeue and archive scripts, and
+//     the states they leave (ServerClient);
+//   - the warning asynq logs before it archives a task (ExhaustedTaskID).
 //
 // seam_test.go pins each assumption against the asynq that go.mod
 // requires: an upgrade that changes one fails there, loudly, before it
@@ -73,19 +75,20 @@ type WakeResult int
 
 // The results of Wake.
 const (
-	Gone   WakeResult = iota // the task no longer waits for the seat: left alone
-	Woken                    // the task was moved to the dequeuing end of its queue
-	Active                   // the task is still being processed (it may be about to wait)
+	Gone  WakeResult = iota // the task no longer waits for the seat: left alone
+	Woken                   // the task was moved to the dequeuing end of its queue
+	Busy                    // the task is being processed, or does not exist yet: it may be about to wait
 )
 
 // Wake moves a task that waits for a seat to the dequeuing end of its
 // queue, so that it runs next, but only while it still waits for that
-// seat: in the retry set with retryMark in its message, or in the
-// scheduled set with copyMark in it (a copy enqueued in its stead).
-func Wake(ctx context.Context, rdb redis.Scripter, queue, id, retryMark, copyMark string) (WakeResult, error) {
+// seat: in the retry set with retryMark in its message (sent back by its
+// handler), or in the scheduled set with scheduledMark in it (enqueued to
+// wait).
+func Wake(ctx context.Context, rdb redis.Scripter, queue, id, retryMark, scheduledMark string) (WakeResult, error) {
 	k := QueueKeys(queue)
 	n, err := wakeScript.Run(ctx, rdb, []string{k.TaskPrefix + id, k.Retry, k.Scheduled, k.Pending},
-		id, retryMark, copyMark, time.Now().UnixNano()).Int()
+		id, retryMark, scheduledMark, time.Now().UnixNano()).Int()
 	if err != nil {
 		return Gone, fmt.Errorf("asynqx: wake task %s of queue %q: %w", id, queue, err)
 	}
@@ -93,7 +96,7 @@ func Wake(ctx context.Context, rdb redis.Scripter, queue, id, retryMark, copyMar
 	case 1:
 		return Woken, nil
 	case 2:
-		return Active, nil
+		return Busy, nil
 	}
 	return Gone, nil
 }
@@ -116,8 +119,8 @@ func RecoverExpired(ctx context.Context, rdb redis.Scripter, queue string, cutof
 	return ids, nil
 }
 
-// RevokedTaskID reads the warning asynq logs when a handler revokes a task
-// ("revoke task id=<id>").
-func RevokedTaskID(logLine string) (id string, ok bool) {
-	return strings.CutPrefix(logLine, "revoke task id=")
+// ExhaustedTaskID reads the warning asynq logs before it archives a task
+// with no retry left ("Retry exhausted for task id=<id>").
+func ExhaustedTaskID(logLine string) (id string, ok bool) {
+	return strings.CutPrefix(logLine, "Retry exhausted for task id=")
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"strings"
@@ -202,11 +203,15 @@ func TestWake(t *testing.T) {
 		t.Fatalf("completed task moved to %s", st)
 	}
 
-	// A task being processed is reported, and left alone.
+	// A task being processed, or not there yet, is reported, and left
+	// alone.
 	busy := enqueue("block")
 	s.waitState(busy, "active")
-	if res := wake(busy); res != asynqx.Active {
-		t.Fatalf("active task: Wake = %v, want Active", res)
+	if res := wake(busy); res != asynqx.Busy {
+		t.Fatalf("active task: Wake = %v, want Busy", res)
+	}
+	if res := wake("not-enqueued-yet"); res != asynqx.Busy {
+		t.Fatalf("missing task: Wake = %v, want Busy", res)
 	}
 	// Queue two tasks behind the busy one, then wake the parked task and
 	// the copy: they run before those two, which came earlier.
@@ -284,27 +289,114 @@ func (l *logCapture) Warn(args ...any) {
 func (l *logCapture) Error(...any) {}
 func (l *logCapture) Fatal(...any) {}
 
-func (l *logCapture) revoked() []string {
+func (l *logCapture) exhausted() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var ids []string
 	for _, w := range l.warns {
-		if id, ok := asynqx.RevokedTaskID(w); ok {
+		if id, ok := asynqx.ExhaustedTaskID(w); ok {
 			ids = append(ids, id)
 		}
 	}
 	return ids
 }
 
-// TestRevokeWarning: asynq's warning for a revoked task reads as
-// RevokedTaskID expects.
-func TestRevokeWarning(t *testing.T) {
+// serveThrough runs an asynq server on a ServerClient of s's Redis until
+// the test ends, and returns the client.
+func (s *seam) serveThrough(maxIdle time.Duration, h asynq.HandlerFunc, logger asynq.Logger) *asynqx.ServerClient {
+	rdb := redis.NewClient(&redis.Options{Addr: s.srv.Addr(), ContextTimeoutEnabled: true})
+	c := asynqx.NewServerClient(rdb, []string{"q"}, maxIdle, slog.Default())
+	srv := asynq.NewServerFromRedisClient(c, asynq.Config{
+		Concurrency:              2,
+		Queues:                   map[string]int{"q": 1},
+		TaskCheckInterval:        time.Millisecond,
+		DelayedTaskCheckInterval: time.Hour,
+		IsFailure:                func(err error) bool { return !strings.Contains(err.Error(), "waiting for seat") },
+		RetryDelayFunc:           func(int, error, *asynq.Task) time.Duration { return time.Hour },
+		Logger:                   logger,
+		LogLevel:                 asynq.WarnLevel,
+		ShutdownTimeout:          time.Second,
+	})
+	if err := srv.Start(h); err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(func() {
+		c.Stop()
+		srv.Shutdown()
+		_ = rdb.Close()
+	})
+	return c
+}
+
+// TestKeepInsteadOfArchive: a task with no retry left that its handler
+// sends back to wait, after Keep, goes to the retry set with its ID and
+// retry count and the handler's message, not to the archive; asynq's
+// warning before it reads as ExhaustedTaskID expects. A task without Keep
+// is archived as asynq does.
+func TestKeepInsteadOfArchive(t *testing.T) {
 	s := newSeam(t)
 	logs := &logCapture{}
-	s.serve(func(context.Context, *asynq.Task) error { return asynq.RevokeTask }, logs)
-	info, err := s.client.Enqueue(asynq.NewTask("t", nil), asynq.Queue("q"))
+	var c *asynqx.ServerClient
+	c = s.serveThrough(time.Second, func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		if string(task.Payload()) == "keep" {
+			c.Keep(id, time.Hour)
+		}
+		return errors.New("waiting for seat of k")
+	}, logs)
+	kept, err := s.client.Enqueue(asynq.NewTask("t", []byte("keep")), asynq.Queue("q"), asynq.MaxRetry(0))
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitfor.Condition(t, 10*time.Second, "asynq warns of the revoked task", func() bool { return slices.Contains(logs.revoked(), info.ID) })
+	dropped, err := s.client.Enqueue(asynq.NewTask("t", []byte("other")), asynq.Queue("q"), asynq.MaxRetry(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.waitState(kept.ID, "retry")
+	s.waitState(dropped.ID, "archived")
+	info, err := s.insp.GetTaskInfo("q", kept.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Retried != 0 || info.MaxRetry != 0 || !strings.Contains(info.LastErr, "waiting for seat of k") {
+		t.Fatalf("kept task: retried %d of %d, last error %q", info.Retried, info.MaxRetry, info.LastErr)
+	}
+	if q, _ := s.insp.GetQueueInfo("q"); q.Archived != 1 {
+		t.Fatalf("%d tasks archived, want only the one not kept", q.Archived)
+	}
+	waitfor.Condition(t, 5*time.Second, "asynq warns before archiving", func() bool {
+		return slices.Contains(logs.exhausted(), kept.ID) && slices.Contains(logs.exhausted(), dropped.ID)
+	})
+}
+
+// TestIdleWaitWakesOnPush: an idle server waits in its ServerClient for
+// far longer than it takes a new task to start: the push wakes it.
+func TestIdleWaitWakesOnPush(t *testing.T) {
+	s := newSeam(t)
+	started := make(chan time.Time, 4)
+	s.serveThrough(time.Minute, func(ctx context.Context, task *asynq.Task) error {
+		started <- time.Now()
+		return nil
+	}, nil)
+	// Let it find the queue empty and wait.
+	if _, err := s.client.Enqueue(asynq.NewTask("t", nil), asynq.Queue("q")); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	waitfor.Condition(t, 10*time.Second, "the server waits for work", func() bool {
+		clients, err := s.rdb.ClientList(context.Background()).Result()
+		return err == nil && strings.Contains(clients, "cmd=blmove")
+	})
+	enqueued := time.Now()
+	if _, err := s.client.Enqueue(asynq.NewTask("t", nil), asynq.Queue("q")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case at := <-started:
+		if lag := at.Sub(enqueued); lag > 5*time.Second {
+			t.Fatalf("a new task started %s after its enqueue, with the worker idle", lag)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the idle server did not take a new task within 30s (it waits up to a minute)")
+	}
 }

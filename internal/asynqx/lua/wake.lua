@@ -2,8 +2,8 @@
 -- back now, to the dequeuing end of its queue, so that it runs before the
 -- tasks that came after it; but only while it still waits for that seat:
 -- in the retry set with fleetcap's requeue message for the key, or, for a
--- copy fleetcap enqueued in its stead, in the scheduled set with fleetcap's
--- copy header. A task that ran meanwhile (completed, retrying after a real
+-- task fleetcap enqueued to wait (a producer's, or a copy of a task with no
+-- retry left), in the scheduled set with fleetcap's header. A task that ran meanwhile (completed, retrying after a real
 -- failure, archived, pending, active) or waits for another key is left
 -- alone.
 --
@@ -18,7 +18,8 @@
 -- ARGV[4] now, Unix ns (the pending_since asynq records)
 --
 -- Reply: 1 brought back, 0 left alone, 2 left alone because it is being
---        processed (its handler may be about to send it back to wait).
+--        processed (its handler may be about to send it back to wait) or
+--        does not exist yet (it may be being enqueued to wait).
 
 local state = redis.call('HGET', KEYS[1], 'state')
 local from, mark
@@ -26,7 +27,7 @@ if state == 'retry' then
   from, mark = KEYS[2], ARGV[2]
 elseif state == 'scheduled' then
   from, mark = KEYS[3], ARGV[3]
-elseif state == 'active' then
+elseif state == 'active' or not state then
   return 2
 else
   return 0

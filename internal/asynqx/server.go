@@ -1,0 +1,280 @@
+package asynqx
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ServerClient is the Redis client of an asynq server (give it to
+// asynq.NewServerFromRedisClient). It passes every call through, but two:
+//
+//   - Dequeue: asynq's processor asks each queue in turn for a task (a
+//     script call per queue) and, when all were empty, sleeps and asks
+//     again: polling. Once a round found every queue empty, ServerClient
+//     holds the next ask until a task is pushed onto one of the queues
+//     (BLMOVE on the queue's pending list, which leaves the list as it is)
+//     or MaxIdle passes: an idle worker costs Redis little, and a new task
+//     is taken within a round trip. Set asynq's TaskCheckInterval to a
+//     millisecond or so: its own sleep then no longer matters.
+//   - Archive: a handler that sends its task back to wait (fleetcap's
+//     requeue) would have it archived when it has no retry left, whatever
+//     IsFailure says. For a task Keep was called for, ServerClient moves
+//     it to the retry set instead, with its ID, its retry count and the
+//     error message asynq meant to archive it with.
+type ServerClient struct {
+	redis.UniversalClient
+	queues  map[string]bool
+	maxIdle time.Duration
+	log     *slog.Logger
+
+	mu      sync.Mutex
+	empty   map[string]bool // queues found empty since a task was last taken
+	arms    map[string]chan struct{}
+	work    chan struct{} // a watcher saw a push
+	stop    chan struct{}
+	stopped bool
+	kept    map[string]kept // task id -> where Keep sends it instead of the archive
+}
+
+type kept struct {
+	delay time.Duration
+	until time.Time // forgotten after: asynq gave up writing the task (its lease ran out)
+}
+
+// NewServerClient wraps rdb for an asynq server that serves queues.
+func NewServerClient(rdb redis.UniversalClient, queues []string, maxIdle time.Duration, log *slog.Logger) *ServerClient {
+	c := &ServerClient{UniversalClient: rdb, queues: map[string]bool{}, maxIdle: maxIdle, log: log,
+		empty: map[string]bool{}, arms: map[string]chan struct{}{}, work: make(chan struct{}, 1),
+		stop: make(chan struct{}), kept: map[string]kept{}}
+	for _, q := range queues {
+		c.queues[q] = true
+	}
+	return c
+}
+
+// Stop ends every wait for work and lets later dequeues through at once:
+// call it before the asynq server's Stop, which waits for the dequeue in
+// progress.
+func (c *ServerClient) Stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.stopped {
+		c.stopped = true
+		close(c.stop)
+	}
+}
+
+// EvalSha runs a script by its hash; see ServerClient.
+func (c *ServerClient) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
+	return c.intercept(ctx, keys, args, func() *redis.Cmd { return c.UniversalClient.EvalSha(ctx, sha, keys, args...) })
+}
+
+// Eval runs a script; see ServerClient.
+func (c *ServerClient) Eval(ctx context.Context, script string, keys []string, args ...any) *redis.Cmd {
+	return c.intercept(ctx, keys, args, func() *redis.Cmd { return c.UniversalClient.Eval(ctx, script, keys, args...) })
+}
+
+func (c *ServerClient) intercept(ctx context.Context, keys []string, args []any, run func() *redis.Cmd) *redis.Cmd {
+	if q, ok := dequeueQueue(keys); ok && c.queues[q] {
+		c.waitForWork()
+		cmd := run()
+		c.noteDequeue(q, cmd)
+		return cmd
+	}
+	if id, ok := archiveTask(keys, args); ok {
+		if k, ok := c.takeKept(id); ok {
+			return c.retryInstead(ctx, keys, args, k)
+		}
+	}
+	return run()
+}
+
+// dequeueQueue recognizes asynq's dequeue script by its keys: the queue's
+// pending, paused, active and lease keys.
+func dequeueQueue(keys []string) (string, bool) {
+	if len(keys) != 4 {
+		return "", false
+	}
+	q, ok := queueOf(keys[0], "pending")
+	if !ok {
+		return "", false
+	}
+	k := QueueKeys(q)
+	return q, keys[1] == "asynq:{"+q+"}:paused" && keys[2] == k.Active && keys[3] == k.Lease
+}
+
+// queueOf reads the queue of a key asynq:{queue}:<suffix>.
+func queueOf(key, suffix string) (string, bool) {
+	rest, ok := strings.CutPrefix(key, "asynq:{")
+	if !ok {
+		return "", false
+	}
+	q, ok := strings.CutSuffix(rest, "}:"+suffix)
+	return q, ok && q != ""
+}
+
+// waitForWork holds a dequeue while every queue was found empty, until a
+// watcher sees a push, maxIdle passes, or Stop.
+func (c *ServerClient) waitForWork() {
+	c.mu.Lock()
+	if c.stopped || len(c.empty) < len(c.queues) {
+		c.mu.Unlock()
+		return
+	}
+	clear(c.empty)
+	for q := range c.queues {
+		arm, ok := c.arms[q]
+		if !ok {
+			arm = make(chan struct{}, 1)
+			c.arms[q] = arm
+			go c.watch(q, arm)
+		}
+		select {
+		case arm <- struct{}{}:
+		default: // still watching from the last wait
+		}
+	}
+	c.mu.Unlock()
+	t := time.NewTimer(c.maxIdle)
+	defer t.Stop()
+	select {
+	case <-c.work:
+	case <-t.C:
+	case <-c.stop:
+	}
+}
+
+// noteDequeue records what a dequeue of q found.
+func (c *ServerClient) noteDequeue(q string, cmd *redis.Cmd) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch err := cmd.Err(); {
+	case errors.Is(err, redis.Nil):
+		c.empty[q] = true
+	case err == nil:
+		clear(c.empty)
+	}
+}
+
+// watch waits, each time it is armed, until q's pending list holds a task
+// (or maxIdle passes), and then signals the dequeue that waits. A paused
+// queue is not watched: its tasks cannot be taken.
+func (c *ServerClient) watch(q string, arm <-chan struct{}) {
+	k := QueueKeys(q)
+	paused := "asynq:{" + q + "}:paused"
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-c.stop
+		cancel()
+	}()
+	for {
+		select {
+		case <-arm:
+		case <-c.stop:
+			return
+		}
+		n, err := c.UniversalClient.Exists(ctx, paused).Result()
+		if err == nil && n > 0 {
+			continue // the dequeue's own wait (maxIdle) looks again later
+		}
+		if err == nil {
+			err = c.UniversalClient.BLMove(ctx, k.Pending, k.Pending, "RIGHT", "RIGHT", c.maxIdle).Err()
+		}
+		switch {
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, redis.Nil):
+			continue // nothing came within maxIdle
+		case err != nil:
+			c.log.Warn("asynqx: wait for tasks in a queue (the worker looks again after its idle time)", "queue", q, "err", err)
+			continue
+		}
+		select {
+		case c.work <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Keep makes the archive of task id, if asynq is about to archive it (it
+// has no retry left), a retry after delay instead; the caller returns its
+// requeue error next. It expires after a while, should asynq not write
+// the task (its lease ran out).
+func (c *ServerClient) Keep(id string, delay time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	for k, v := range c.kept {
+		if now.After(v.until) {
+			delete(c.kept, k)
+		}
+	}
+	c.kept[id] = kept{delay: delay, until: now.Add(keptFor)}
+}
+
+// keptFor bounds how long Keep waits for asynq to archive the task: its
+// lease (30 s), with a margin.
+const keptFor = time.Minute
+
+func (c *ServerClient) takeKept(id string) (kept, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k, ok := c.kept[id]
+	delete(c.kept, id)
+	return k, ok && time.Now().Before(k.until)
+}
+
+// Kept reports whether Keep is waiting to turn the archive of id into a
+// retry (for the log line asynq writes before it archives).
+func (c *ServerClient) Kept(id string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.kept[id]
+	return ok
+}
+
+// archiveTask recognizes asynq's archive script by its keys: the task's
+// hash, the queue's active, lease and archived keys, and five more; and
+// reads the task id, its first argument.
+func archiveTask(keys []string, args []any) (string, bool) {
+	if len(keys) != 9 || len(args) < 2 {
+		return "", false
+	}
+	q, ok := queueOf(keys[3], "archived")
+	if !ok {
+		return "", false
+	}
+	k := QueueKeys(q)
+	id, ok := args[0].(string)
+	if !ok || keys[0] != k.TaskPrefix+id || keys[1] != k.Active || keys[2] != k.Lease {
+		return "", false
+	}
+	return id, true
+}
+
+//go:embed lua/keep.lua
+var keepSrc string
+
+var keepScript = redis.NewScript(keepSrc)
+
+// retryInstead moves the task asynq was about to archive to the retry set,
+// and answers as asynq's archive script would.
+func (c *ServerClient) retryInstead(ctx context.Context, keys []string, args []any, k kept) *redis.Cmd {
+	q, _ := queueOf(keys[3], "archived")
+	qk := QueueKeys(q)
+	id := args[0].(string)
+	cmd := keepScript.Run(ctx, c.UniversalClient, []string{keys[0], qk.Active, qk.Lease, qk.Retry},
+		id, args[1], time.Now().Add(k.delay).Unix())
+	if cmd.Err() != nil {
+		c.log.Warn("asynqx: keep a requeued task with no retry left out of the archive", "queue", q, "id", id, "err", cmd.Err())
+	}
+	return cmd
+}
