@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -327,7 +328,11 @@ func TestWakeRunsATaskOnce(t *testing.T) {
 		t.Skip("runs 64 tasks of 250 ms one at a time")
 	}
 	const tasks, capacity = 64, 1
-	f := startFleet(t, 3, 4, capYAML("requeue", capacity, "10s"))
+	// Parked tasks come back by themselves after 2 s, while releases keep
+	// letting their tokens out.
+	f := startFleetConfig(t, 3, func(redisURL string) string {
+		return strings.Replace(fleettest.Config(redisURL, 4, capYAML("requeue", capacity, "10s")), "worker:\n", "worker:\n  parked_retry: 2s\n", 1)
+	})
 	ctx := context.Background()
 	for range tasks {
 		payload, _ := json.Marshal(map[string]any{"ms": 250})

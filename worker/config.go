@@ -56,13 +56,17 @@ type WorkerConfig struct {
 	// ShutdownTimeout bounds how long in-flight tasks may run after a
 	// shutdown signal; default 8s.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
-	// TaskCheckInterval is how long an idle process waits before it looks
-	// for new tasks again (asynq polls); default 20ms. Lower wakes parked
-	// capped tasks sooner, higher costs Redis less while idle.
+	// TaskCheckInterval is the longest an idle process waits before it
+	// looks for tasks again; a task pushed onto one of its queues (new,
+	// retried, or woken) wakes it at once; default 2s.
 	TaskCheckInterval time.Duration `yaml:"task_check_interval"`
 	// DelayedTaskCheckInterval is how often scheduled and retried tasks are
 	// moved to their queue; default 1s.
 	DelayedTaskCheckInterval time.Duration `yaml:"delayed_task_check_interval"`
+	// ParkedRetry is how long a task parked in a cap's waiting room stays
+	// away before asynq brings it back by itself, when no wake-up brought it
+	// sooner: only a safety net; default 1m.
+	ParkedRetry time.Duration `yaml:"parked_retry"`
 }
 
 // SemaphoreConfig configures the fleet-wide semaphore service.
@@ -171,8 +175,9 @@ const (
 	DefaultTaskTimeout     = 30 * time.Minute
 	DefaultWaitTimeout     = 10 * time.Second
 
-	DefaultTaskCheckInterval        = 20 * time.Millisecond
+	DefaultTaskCheckInterval        = 2 * time.Second
 	DefaultDelayedTaskCheckInterval = time.Second
+	DefaultParkedRetry              = time.Minute
 )
 
 // Environment variables that override the config file in LoadConfig. An

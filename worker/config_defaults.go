@@ -25,6 +25,9 @@ func (c *Config) withDefaults() {
 	if c.Worker.TaskCheckInterval == 0 {
 		c.Worker.TaskCheckInterval = DefaultTaskCheckInterval
 	}
+	if c.Worker.ParkedRetry == 0 {
+		c.Worker.ParkedRetry = DefaultParkedRetry
+	}
 	if c.Worker.DelayedTaskCheckInterval == 0 {
 		c.Worker.DelayedTaskCheckInterval = DefaultDelayedTaskCheckInterval
 	}

@@ -46,7 +46,7 @@ func TestDefaults(t *testing.T) {
 	}
 	want := &Config{
 		Redis:      RedisConfig{EmbeddedAddr: "127.0.0.1:6380"},
-		Worker:     WorkerConfig{Concurrency: 10, Queues: map[string]int{"default": 1}, ShutdownTimeout: 8 * time.Second, TaskCheckInterval: DefaultTaskCheckInterval, DelayedTaskCheckInterval: DefaultDelayedTaskCheckInterval},
+		Worker:     WorkerConfig{Concurrency: 10, Queues: map[string]int{"default": 1}, ShutdownTimeout: 8 * time.Second, TaskCheckInterval: DefaultTaskCheckInterval, DelayedTaskCheckInterval: DefaultDelayedTaskCheckInterval, ParkedRetry: DefaultParkedRetry},
 		Semaphore:  SemaphoreConfig{Prefix: "fleetcap:sem:", DefaultTTL: 30 * time.Second},
 		Monitoring: MonitoringConfig{Addr: "127.0.0.1:8080", AsynqmonReadOnly: ptr(true)},
 		Tasks: map[string]TaskConfig{

@@ -86,6 +86,9 @@ func (c *Config) validateWorker(v *validator) {
 	if w.TaskCheckInterval < time.Millisecond {
 		v.add("worker.task_check_interval", "must be at least 1ms, got %s", w.TaskCheckInterval)
 	}
+	if w.ParkedRetry < time.Second {
+		v.add("worker.parked_retry", "must be at least 1s, got %s", w.ParkedRetry)
+	}
 	if w.DelayedTaskCheckInterval < 100*time.Millisecond {
 		v.add("worker.delayed_task_check_interval", "must be at least 100ms, got %s", w.DelayedTaskCheckInterval)
 	}

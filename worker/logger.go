@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"sync"
 
 	"github.com/fleetcap/fleetcap/internal/asynqx"
 )
@@ -12,29 +11,23 @@ import (
 // asynqLogger writes asynq's log lines to slog.
 type asynqLogger struct {
 	log *slog.Logger
-	// revoked holds the IDs of originals the worker revoked after
-	// requeueing a copy: asynq warns "revoke task id=..." for each, which
-	// for these is routine (the worker logs the copy itself).
-	revoked sync.Map
+	// kept says whether the worker keeps the task of id out of the
+	// archive (see requeue): asynq's "Retry exhausted" warning before it is
+	// routine for such a task.
+	kept func(id string) bool
 }
 
 func newAsynqLogger(l *slog.Logger) *asynqLogger {
-	return &asynqLogger{log: l.With("component", "asynq")}
+	return &asynqLogger{log: l.With("component", "asynq"), kept: func(string) bool { return false }}
 }
-
-// revoking notes that the task with id is about to be revoked by the
-// worker.
-func (a *asynqLogger) revoking(id string) { a.revoked.Store(id, struct{}{}) }
 
 func (a *asynqLogger) Debug(args ...any) { a.log.Debug(fmt.Sprint(args...)) }
 func (a *asynqLogger) Info(args ...any)  { a.log.Info(fmt.Sprint(args...)) }
 func (a *asynqLogger) Warn(args ...any) {
 	msg := fmt.Sprint(args...)
-	if id, ok := asynqx.RevokedTaskID(msg); ok {
-		if _, ours := a.revoked.LoadAndDelete(id); ours {
-			a.log.Debug(msg)
-			return
-		}
+	if id, ok := asynqx.ExhaustedTaskID(msg); ok && a.kept(id) {
+		a.log.Debug(msg)
+		return
 	}
 	a.log.Warn(msg)
 }

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"reflect"
 	"time"
 
 	"github.com/fleetcap/fleetcap/internal/asynqx"
@@ -18,21 +19,36 @@ import (
 // own requeue on asynq's keys (asynqx.RecoverExpired).
 const (
 	recoverInterval = 5 * time.Second
-	recoverGrace    = 5 * time.Second // clock skew between workers it tolerates: up to 25 s
+	overridesCheck  = 100 * time.Millisecond // in memory: costs Redis nothing
+	recoverGrace    = 5 * time.Second        // clock skew between workers it tolerates: up to 25 s
 	maxRecoveries   = 3
 )
 
-// recoverLoop runs until ctx is done.
+// recoverLoop runs until ctx is done: every recoverInterval it brings back
+// the tasks of dead workers and sweeps the waiting rooms (see sweep); it
+// sweeps at once when an operator's override changes a capacity, so that
+// the whole fleet applies it within a second.
 func (w *Worker) recoverLoop(ctx context.Context) {
-	t := time.NewTicker(recoverInterval)
+	t := time.NewTicker(overridesCheck)
 	defer t.Stop()
+	last := w.overrides.Overrides()
+	next := time.Now().Add(recoverInterval)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		if cur := w.overrides.Overrides(); !reflect.DeepEqual(cur.Capacities, last.Capacities) {
+			last = cur
+			w.sweep(ctx)
+		}
+		if time.Now().Before(next) {
+			continue
+		}
+		next = time.Now().Add(recoverInterval)
 		w.recoverOnce(ctx)
+		w.sweep(ctx)
 	}
 }
 

@@ -10,7 +10,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/hibiken/asynq"
@@ -18,6 +21,8 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/fleetcap/fleetcap/control"
+	"github.com/fleetcap/fleetcap/internal/asynqx"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
@@ -26,7 +31,7 @@ import (
 type Observer interface {
 	semaphore.Observer
 	// Requeued is called when a task goes back to its queue without a seat;
-	// why is "full", "timeout", "shutdown", "lease_lost" or "error".
+	// why is one of the RequeueReasons.
 	Requeued(key, taskType, why string)
 	// LeaseLost is called when a running task's seat is lost.
 	LeaseLost(key, taskType string)
@@ -61,17 +66,20 @@ type Worker struct {
 	opts options
 	log  *slog.Logger
 
-	embedded *miniredis.Miniredis // nil unless redis.url and cluster_addrs are empty
-	connOpt  asynq.RedisConnOpt
-	rdb      redis.UniversalClient
-	sem      *semaphore.Service
-	insp     *asynq.Inspector
-	client   *asynq.Client
-	mux      *asynq.ServeMux
-	caps     *capTable
-	parking  *parking
-	recent   *recentKeys
-	asynqLog *asynqLogger
+	embedded  *miniredis.Miniredis // nil unless redis.url and cluster_addrs are empty
+	connOpt   asynq.RedisConnOpt
+	rdb       redis.UniversalClient
+	sem       *semaphore.Service
+	insp      *asynq.Inspector
+	client    *asynq.Client
+	mux       *asynq.ServeMux
+	server    *asynqx.ServerClient // the asynq server's Redis client
+	caps      *capTable
+	waker     *waker
+	rooms     roomKeys
+	recent    *recentKeys
+	overrides *control.Reader // operators' capacity and rate overrides
+	asynqLog  *asynqLogger
 
 	mu          sync.Mutex
 	middlewares []asynq.MiddlewareFunc
@@ -134,9 +142,9 @@ func (w *Worker) connect() error {
 	if w.opts.observer != nil {
 		obs = w.opts.observer
 	}
-	w.parking = &parking{log: w.log}
+	w.waker = &waker{log: w.log, rdb: w.rdb}
 	w.sem, err = semaphore.New(w.rdb, semaphore.Options{
-		OnWake:         w.parking.onWake,
+		OnWake:         w.waker.onWake,
 		Prefix:         w.cfg.Semaphore.Prefix,
 		DefaultTTL:     w.cfg.Semaphore.DefaultTTL,
 		Logger:         w.log,
@@ -148,7 +156,25 @@ func (w *Worker) connect() error {
 	}
 	w.insp = asynq.NewInspector(w.connOpt)
 	w.client = asynq.NewClient(w.connOpt)
-	w.parking.sem, w.parking.rdb = w.sem, w.rdb
+	w.waker.sem = w.sem
+	made := w.connOpt.MakeRedisClient()
+	serverRDB, ok := made.(redis.UniversalClient)
+	if !ok {
+		return fmt.Errorf("worker: asynq made a %T, not a go-redis client", made)
+	}
+	w.server = asynqx.NewServerClient(serverRDB, slices.Collect(maps.Keys(w.cfg.Worker.Queues)), w.cfg.Worker.TaskCheckInterval, w.log)
+	w.asynqLog.kept = w.server.Kept
+	store, err := control.NewStore(w.rdb, control.Options{})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), storeCallTimeout)
+	defer cancel()
+	// A worker must not serve before it knows the overrides in force: a
+	// paused key would run.
+	if w.overrides, err = control.NewReader(ctx, store, control.ReaderOptions{Logger: w.log}); err != nil {
+		return fmt.Errorf("worker: runtime overrides: %w", err)
+	}
 	return nil
 }
 
@@ -213,14 +239,24 @@ func (w *Worker) Ping(ctx context.Context) error { return w.rdb.Ping(ctx).Err() 
 // Config is the worker's config, defaults applied.
 func (w *Worker) Config() *Config { return w.cfg }
 
+// Overrides is the worker's reader of the operators' runtime overrides
+// (for monitoring).
+func (w *Worker) Overrides() *control.Reader { return w.overrides }
+
 // Close frees what New opened; Run calls it when it returns.
 func (w *Worker) Close() {
 	w.closeOnce.Do(func() {
+		if w.overrides != nil {
+			w.overrides.Close()
+		}
 		if w.sem != nil {
 			_ = w.sem.Close()
 		}
 		if w.client != nil {
 			_ = w.client.Close()
+		}
+		if w.server != nil {
+			_ = w.server.Close()
 		}
 		if w.insp != nil {
 			_ = w.insp.Close()
@@ -255,7 +291,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 		return fmt.Errorf("worker: redis: %w", err)
 	}
-	srv := asynq.NewServer(w.connOpt, w.asynqConfig())
+	srv := asynq.NewServerFromRedisClient(w.server, w.asynqConfig())
 	handler := asynq.Handler(w.mux)
 	for i := len(mws) - 1; i >= 0; i-- {
 		handler = mws[i](handler)
@@ -271,6 +307,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	<-ctx.Done()
 	stopRecover()
 	w.log.Info("worker: shutting down", "timeout", w.cfg.Worker.ShutdownTimeout)
+	w.server.Stop()   // an idle dequeue stops waiting for work
 	srv.Stop()        // no new tasks
 	_ = w.sem.Close() // waiters abort and requeue; renewal stops
 	srv.Shutdown()    // in-flight work finishes or is requeued by asynq
@@ -285,7 +322,10 @@ func (w *Worker) asynqConfig() asynq.Config {
 		Concurrency:              w.cfg.Worker.Concurrency,
 		Queues:                   w.cfg.Worker.Queues,
 		ShutdownTimeout:          w.cfg.Worker.ShutdownTimeout,
-		TaskCheckInterval:        w.cfg.Worker.TaskCheckInterval,
+		// An idle processor waits for work in the server client (see
+		// asynqx.ServerClient); asynq's own sleep between looks is kept
+		// short.
+		TaskCheckInterval:        time.Millisecond,
 		DelayedTaskCheckInterval: w.cfg.Worker.DelayedTaskCheckInterval,
 		IsFailure:                IsFailure,
 		RetryDelayFunc:           RetryDelay,
