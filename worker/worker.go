@@ -319,9 +319,9 @@ func (w *Worker) Run(ctx context.Context) error {
 // failures and come back after the delay the requeue asks for.
 func (w *Worker) asynqConfig() asynq.Config {
 	return asynq.Config{
-		Concurrency:              w.cfg.Worker.Concurrency,
-		Queues:                   w.cfg.Worker.Queues,
-		ShutdownTimeout:          w.cfg.Worker.ShutdownTimeout,
+		Concurrency:     w.cfg.Worker.Concurrency,
+		Queues:          w.cfg.Worker.Queues,
+		ShutdownTimeout: w.cfg.Worker.ShutdownTimeout,
 		// An idle processor waits for work in the server client (see
 		// asynqx.ServerClient); asynq's own sleep between looks is kept
 		// short.
