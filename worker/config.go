@@ -3,6 +3,7 @@ package worker
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"time"
@@ -244,12 +245,7 @@ func (c *Config) applyEnv(getenv func(string) string) {
 
 // TaskTypes returns the declared task types, sorted.
 func (c *Config) TaskTypes() []string {
-	types := make([]string, 0, len(c.Tasks))
-	for t := range c.Tasks {
-		types = append(types, t)
-	}
-	slices.Sort(types)
-	return types
+	return slices.Sorted(maps.Keys(c.Tasks))
 }
 
 // Caps returns the task's caps in declaration order: its one semaphore, or
