@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"time"
 )
@@ -32,6 +33,12 @@ type RedisConfig struct {
 	ClusterAddrs []string `yaml:"cluster_addrs"`
 	// EmbeddedAddr is where the embedded Redis listens; default 127.0.0.1:6380.
 	EmbeddedAddr string `yaml:"embedded_addr"`
+	// EmbeddedFile is where the embedded Redis keeps its data between runs:
+	// saved when the worker stops, loaded when it starts. LoadConfig makes a
+	// relative path relative to the config file's directory and defaults it
+	// to .fleetcap/embedded.json there; with ParseConfig (no file) the
+	// default is "": nothing is kept.
+	EmbeddedFile string `yaml:"embedded_file"`
 	// TLS completes rediss:// connections (url or cluster_addrs) with a CA
 	// to trust and a client certificate; default none.
 	TLS RedisTLSConfig `yaml:"tls"`
@@ -190,6 +197,9 @@ func LoadConfig(path string) (*Config, error) {
 		return nil, fmt.Errorf("config: %w", err)
 	}
 	cfg, err := parseConfig(data, os.Getenv)
+	if err == nil {
+		cfg.Redis.resolveEmbeddedFile(filepath.Dir(path))
+	}
 	if err != nil {
 		if joined, ok := err.(interface{ Unwrap() []error }); ok && len(joined.Unwrap()) > 1 {
 			return nil, fmt.Errorf("config %s: %d problems:\n%w", path, len(joined.Unwrap()), err)

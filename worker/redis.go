@@ -98,9 +98,11 @@ func (t redisTarget) newClient() redis.UniversalClient {
 }
 
 // StartEmbedded starts an in-process Redis (miniredis) listening on addr,
-// for trying fleetcap out without a Redis server. The caller closes it.
+// for trying fleetcap out without a Redis server. Its keys expire on the
+// wall clock. It keeps nothing when closed (the worker's embedded Redis
+// saves to redis.embedded_file). The caller closes it.
 func StartEmbedded(addr string) (*miniredis.Miniredis, error) {
-	m := miniredis.NewMiniRedis()
+	m := newEmbedded()
 	if err := m.StartAddr(addr); err != nil {
 		return nil, fmt.Errorf("embedded redis on %s: %w", addr, err)
 	}

@@ -61,17 +61,19 @@ type Worker struct {
 	opts options
 	log  *slog.Logger
 
-	embedded *miniredis.Miniredis // nil unless redis.url and cluster_addrs are empty
-	connOpt  asynq.RedisConnOpt
-	rdb      redis.UniversalClient
-	sem      *semaphore.Service
-	insp     *asynq.Inspector
-	client   *asynq.Client
-	mux      *asynq.ServeMux
-	caps     *capTable
-	parking  *parking
-	recent   *recentKeys
-	asynqLog *asynqLogger
+	embedded     *miniredis.Miniredis // nil unless redis.url and cluster_addrs are empty
+	embeddedStop sync.Once
+	embeddedErr  error
+	connOpt      asynq.RedisConnOpt
+	rdb          redis.UniversalClient
+	sem          *semaphore.Service
+	insp         *asynq.Inspector
+	client       *asynq.Client
+	mux          *asynq.ServeMux
+	caps         *capTable
+	parking      *parking
+	recent       *recentKeys
+	asynqLog     *asynqLogger
 
 	mu          sync.Mutex
 	middlewares []asynq.MiddlewareFunc
@@ -109,11 +111,9 @@ func New(cfg *Config, opts ...Option) (*Worker, error) {
 	w.caps = caps
 
 	if cfg.Redis.Embedded() {
-		mr, err := StartEmbedded(cfg.Redis.EmbeddedAddr)
-		if err != nil {
+		if err := w.startEmbedded(); err != nil {
 			return nil, err
 		}
-		w.embedded = mr
 	}
 	if err := w.connect(); err != nil {
 		w.Close()
@@ -228,8 +228,8 @@ func (w *Worker) Close() {
 		if w.rdb != nil {
 			_ = w.rdb.Close()
 		}
-		if w.embedded != nil {
-			w.embedded.Close()
+		if err := w.stopEmbedded(); err != nil {
+			w.log.Error(err.Error())
 		}
 	})
 }
@@ -274,6 +274,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	srv.Stop()        // no new tasks
 	_ = w.sem.Close() // waiters abort and requeue; renewal stops
 	srv.Shutdown()    // in-flight work finishes or is requeued by asynq
+	if err := w.stopEmbedded(); err != nil {
+		return err
+	}
 	w.log.Info("worker: stopped")
 	return nil
 }
