@@ -135,7 +135,7 @@ func TestEnqueueStartsAProducerSpan(t *testing.T) {
 	}
 	attrs := map[string]string{}
 	for _, kv := range s.Attributes() {
-		attrs[string(kv.Key)] = kv.Value.Emit()
+		attrs[string(kv.Key)] = kv.Value.String()
 	}
 	if attrs["messaging.system"] != "asynq" || attrs["messaging.message.id"] != info.ID || attrs["messaging.destination.name"] != "default" {
 		t.Errorf("span attributes = %v", attrs)
