@@ -197,15 +197,13 @@ func LoadConfig(path string) (*Config, error) {
 		return nil, fmt.Errorf("config: %w", err)
 	}
 	cfg, err := parseConfig(data, os.Getenv)
-	if err == nil {
-		cfg.Redis.resolveEmbeddedFile(filepath.Dir(path))
-	}
 	if err != nil {
 		if joined, ok := err.(interface{ Unwrap() []error }); ok && len(joined.Unwrap()) > 1 {
 			return nil, fmt.Errorf("config %s: %d problems:\n%w", path, len(joined.Unwrap()), err)
 		}
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
+	cfg.Redis.resolveEmbeddedFile(filepath.Dir(path))
 	return cfg, nil
 }
 

@@ -61,19 +61,20 @@ type Worker struct {
 	opts options
 	log  *slog.Logger
 
-	embedded     *miniredis.Miniredis // nil unless redis.url and cluster_addrs are empty
-	embeddedStop sync.Once
-	embeddedErr  error
-	connOpt      asynq.RedisConnOpt
-	rdb          redis.UniversalClient
-	sem          *semaphore.Service
-	insp         *asynq.Inspector
-	client       *asynq.Client
-	mux          *asynq.ServeMux
-	caps         *capTable
-	parking      *parking
-	recent       *recentKeys
-	asynqLog     *asynqLogger
+	embedded *miniredis.Miniredis // nil unless redis.url and cluster_addrs are empty
+	connOpt  asynq.RedisConnOpt
+	rdb      redis.UniversalClient
+	sem      *semaphore.Service
+	insp     *asynq.Inspector
+	client   *asynq.Client
+	mux      *asynq.ServeMux
+	caps     *capTable
+	parking  *parking
+	recent   *recentKeys
+	asynqLog *asynqLogger
+
+	embeddedStop sync.Once // stopEmbedded saves once
+	embeddedErr  error     // and what it returned
 
 	mu          sync.Mutex
 	middlewares []asynq.MiddlewareFunc
