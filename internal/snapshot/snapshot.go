@@ -211,6 +211,11 @@ func Load(m *miniredis.Miniredis, path string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	return load(m, data)
+}
+
+// load decodes a saved dataset into m.
+func load(m *miniredis.Miniredis, data []byte) (int, error) {
 	var f file
 	if err := json.Unmarshal(data, &f); err != nil {
 		return 0, fmt.Errorf("not a saved dataset: %w", err)
