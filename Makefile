@@ -36,7 +36,8 @@ bench: deps ## print the SPEC §4 benchmark lines (REDIS_ADDR=host:port, else a 
 	$(GO) run ./bench -scenarios $${SCENARIOS:-S1,S2,S3,S4,S5,S6}
 
 .PHONY: lint
-lint: ## gofmt, go vet and staticcheck
+lint: ## gofmt, go mod tidy -diff, go vet and staticcheck
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
+	$(GO) mod tidy -diff
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...

@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -155,15 +154,7 @@ func TestSecretsNeverLogged(t *testing.T) {
 		outputs = append(outputs, out)
 	}
 
-	w := startProcess(t, env, workerBin, "--config", cfg)
-	var base string
-	waitfor.Condition(t, 30*time.Second, "the worker prints its pages", func() bool {
-		m := regexp.MustCompile(`metrics:\s+(http://\S+)/metrics`).FindStringSubmatch(w.Output())
-		if m != nil {
-			base = m[1]
-		}
-		return m != nil
-	})
+	w, base := startWorker(t, env, cfg)
 	do := func(method, path, auth string) (int, string) {
 		t.Helper()
 		req, _ := http.NewRequest(method, base+path, nil)

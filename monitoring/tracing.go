@@ -4,17 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 
 	"github.com/hibiken/asynq"
+	"go.opentelemetry.io/contrib/exporters/autoexport"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
-	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -26,9 +23,6 @@ import (
 // tracerName is the instrumentation scope of the spans made here.
 const tracerName = "github.com/fleetcap/fleetcap/monitoring"
 
-// consoleOut is where OTEL_TRACES_EXPORTER=console writes; tests swap it.
-var consoleOut io.Writer = os.Stdout
-
 // propagator writes and reads W3C traceparent/tracestate and baggage in
 // task headers, whatever global propagator the process has.
 var propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
@@ -36,32 +30,34 @@ var propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceCont
 // SetupTracing builds the process's TracerProvider from the standard
 // OpenTelemetry environment variables and installs it, with the W3C
 // propagators, as the OTel globals (the semaphore's tracer defaults to
-// them).
+// them). The exporter comes from go.opentelemetry.io/contrib/exporters/autoexport,
+// which reads the variables the standard way:
 //
-//   - OTEL_TRACES_EXPORTER: "otlp", "console" (pretty JSON on stdout),
-//     "none", or a comma-separated list. When unset, spans go to OTLP if
-//     OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is
-//     set, and nowhere otherwise.
+//   - OTEL_TRACES_EXPORTER: "otlp", "console" (JSON on stdout) or "none".
+//     Unset, spans go to OTLP when OTEL_EXPORTER_OTLP_ENDPOINT or
+//     OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is set, and nowhere otherwise
+//     (autoexport alone would send them to localhost:4318).
 //   - OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL: "http/protobuf" (default) or
-//     "grpc". The exporters read the other OTEL_EXPORTER_OTLP_* variables
-//     (endpoint, headers, timeout, certificates) themselves.
+//     "grpc"; the OTLP exporters read the other OTEL_EXPORTER_OTLP_*
+//     variables (endpoint, headers, timeout, certificates) themselves.
 //   - OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES override serviceName;
-//     OTEL_TRACES_SAMPLER[_ARG] pick the sampler; OTEL_SDK_DISABLED=true
-//     turns tracing off.
+//     OTEL_TRACES_SAMPLER[_ARG] pick the sampler; OTEL_BSP_* tune the
+//     batching; OTEL_SDK_DISABLED=true turns tracing off.
 //
 // With no exporter it returns a no-op provider. Call shutdown at exit to
 // flush buffered spans.
 func SetupTracing(ctx context.Context, serviceName string) (tp trace.TracerProvider, shutdown func(context.Context) error, err error) {
 	otel.SetTextMapPropagator(propagator)
 	noShutdown := func(context.Context) error { return nil }
-	if strings.EqualFold(strings.TrimSpace(os.Getenv("OTEL_SDK_DISABLED")), "true") {
+	if strings.EqualFold(strings.TrimSpace(os.Getenv("OTEL_SDK_DISABLED")), "true") || !tracingConfigured() {
 		return noop.NewTracerProvider(), noShutdown, nil
 	}
-	exporters, err := tracesExporters(ctx)
+	exp, err := autoexport.NewSpanExporter(ctx)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("monitoring: tracing: OTEL_TRACES_EXPORTER=%q, OTEL_EXPORTER_OTLP_PROTOCOL=%q, OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=%q: %w",
+			os.Getenv("OTEL_TRACES_EXPORTER"), os.Getenv("OTEL_EXPORTER_OTLP_PROTOCOL"), os.Getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"), err)
 	}
-	if len(exporters) == 0 {
+	if autoexport.IsNoneSpanExporter(exp) {
 		return noop.NewTracerProvider(), noShutdown, nil
 	}
 	res, err := resource.New(ctx,
@@ -72,66 +68,23 @@ func SetupTracing(ctx context.Context, serviceName string) (tp trace.TracerProvi
 		resource.WithProcessPID(),
 	)
 	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
+		_ = exp.Shutdown(ctx)
 		return nil, nil, fmt.Errorf("monitoring: tracing resource: %w", err)
 	}
-	opts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
-	for _, exp := range exporters {
-		opts = append(opts, sdktrace.WithBatcher(exp))
-	}
-	sdk := sdktrace.NewTracerProvider(opts...)
+	sdk := sdktrace.NewTracerProvider(sdktrace.WithResource(res), sdktrace.WithBatcher(exp))
 	otel.SetTracerProvider(sdk)
 	return sdk, sdk.Shutdown, nil
 }
 
-// tracesExporters reads OTEL_TRACES_EXPORTER and the OTLP protocol
-// variables and builds the exporters they ask for.
-func tracesExporters(ctx context.Context) ([]sdktrace.SpanExporter, error) {
-	names := strings.TrimSpace(os.Getenv("OTEL_TRACES_EXPORTER"))
-	if names == "" {
-		if os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") == "" && os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") == "" {
-			return nil, nil
+// tracingConfigured reports whether the environment asks for spans: an
+// exporter named, or an OTLP endpoint set.
+func tracingConfigured() bool {
+	for _, k := range []string{"OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"} {
+		if strings.TrimSpace(os.Getenv(k)) != "" {
+			return true
 		}
-		names = "otlp"
 	}
-	var exps []sdktrace.SpanExporter
-	for name := range strings.SplitSeq(names, ",") {
-		var exp sdktrace.SpanExporter
-		var err error
-		switch strings.ToLower(strings.TrimSpace(name)) {
-		case "none":
-			return nil, nil
-		case "otlp":
-			exp, err = otlpExporter(ctx)
-		case "console":
-			exp, err = stdouttrace.New(stdouttrace.WithWriter(consoleOut), stdouttrace.WithPrettyPrint())
-		default:
-			err = fmt.Errorf("OTEL_TRACES_EXPORTER: unsupported exporter %q (want otlp, console or none)", name)
-		}
-		if err != nil {
-			for _, e := range exps {
-				_ = e.Shutdown(ctx)
-			}
-			return nil, fmt.Errorf("monitoring: tracing: %w", err)
-		}
-		exps = append(exps, exp)
-	}
-	return exps, nil
-}
-
-// otlpExporter picks OTLP over HTTP or gRPC by the protocol variables.
-func otlpExporter(ctx context.Context) (sdktrace.SpanExporter, error) {
-	proto := os.Getenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-	if proto == "" {
-		proto = os.Getenv("OTEL_EXPORTER_OTLP_PROTOCOL")
-	}
-	switch strings.ToLower(strings.TrimSpace(proto)) {
-	case "", "http/protobuf":
-		return otlptracehttp.New(ctx)
-	case "grpc":
-		return otlptracegrpc.New(ctx)
-	default:
-		return nil, fmt.Errorf("OTEL_EXPORTER_OTLP_PROTOCOL: unsupported protocol %q (want http/protobuf or grpc)", proto)
-	}
+	return false
 }
 
 // Attributes of the asynq spans, beside the messaging.* conventions.

@@ -1,12 +1,13 @@
 package monitoring
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -247,28 +248,38 @@ func TestSetupTracingRejectsUnknownExporter(t *testing.T) {
 	if _, _, err := SetupTracing(context.Background(), "x"); err == nil || !strings.Contains(err.Error(), "http/json") {
 		t.Errorf("err = %v, want one naming http/json", err)
 	}
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "")
+	t.Setenv("OTEL_TRACES_EXPORTER", "otlp,console") // autoexport takes one exporter
+	if _, _, err := SetupTracing(context.Background(), "x"); err == nil || !strings.Contains(err.Error(), "otlp,console") {
+		t.Errorf("err = %v, want one naming otlp,console", err)
+	}
 }
 
+// TestSetupTracingConsole runs itself again as a child process, whose
+// stdout the console exporter (autoexport's, bound to the process's stdout
+// at start) writes to.
 func TestSetupTracingConsole(t *testing.T) {
-	restoreOTelGlobals(t)
-	clearOTelEnv(t)
-	t.Setenv("OTEL_TRACES_EXPORTER", "console")
-	t.Setenv("OTEL_SERVICE_NAME", "from-env")
-	var buf bytes.Buffer
-	old := consoleOut
-	consoleOut = &buf
-	t.Cleanup(func() { consoleOut = old })
-
-	tp, shutdown, err := SetupTracing(context.Background(), "fleetcap-test")
+	if os.Getenv("FLEETCAP_CONSOLE_CHILD") == "1" {
+		tp, shutdown, err := SetupTracing(context.Background(), "fleetcap-test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if otel.GetTracerProvider() != tp {
+			t.Error("SetupTracing did not install the provider globally")
+		}
+		emitOne(t, tp, shutdown)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestSetupTracingConsole$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "FLEETCAP_CONSOLE_CHILD=1", "OTEL_TRACES_EXPORTER=console", "OTEL_SERVICE_NAME=from-env",
+		"OTEL_EXPORTER_OTLP_ENDPOINT=", "OTEL_SDK_DISABLED=")
+	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("child: %v\n%s", err, out)
 	}
-	if otel.GetTracerProvider() != tp {
-		t.Error("SetupTracing did not install the provider globally")
-	}
-	emitOne(t, tp, shutdown)
-	out := buf.String()
-	if !strings.Contains(out, "hello-span") || !strings.Contains(out, "from-env") {
+	if !strings.Contains(string(out), `"Name":"hello-span"`) || !strings.Contains(string(out), "from-env") {
 		t.Errorf("console output lacks the span or the env service name:\n%s", out)
 	}
 }

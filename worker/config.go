@@ -3,7 +3,9 @@ package worker
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"time"
 )
@@ -31,6 +33,12 @@ type RedisConfig struct {
 	ClusterAddrs []string `yaml:"cluster_addrs"`
 	// EmbeddedAddr is where the embedded Redis listens; default 127.0.0.1:6380.
 	EmbeddedAddr string `yaml:"embedded_addr"`
+	// EmbeddedFile is where the embedded Redis keeps its data between runs:
+	// saved when the worker stops, loaded when it starts. LoadConfig makes a
+	// relative path relative to the config file's directory and defaults it
+	// to .fleetcap/embedded.json there; with ParseConfig (no file) the
+	// default is "": nothing is kept.
+	EmbeddedFile string `yaml:"embedded_file"`
 	// TLS completes rediss:// connections (url or cluster_addrs) with a CA
 	// to trust and a client certificate; default none.
 	TLS RedisTLSConfig `yaml:"tls"`
@@ -203,6 +211,7 @@ func LoadConfig(path string) (*Config, error) {
 		}
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
+	cfg.Redis.resolveEmbeddedFile(filepath.Dir(path))
 	return cfg, nil
 }
 
@@ -252,12 +261,7 @@ func (c *Config) applyEnv(getenv func(string) string) {
 
 // TaskTypes returns the declared task types, sorted.
 func (c *Config) TaskTypes() []string {
-	types := make([]string, 0, len(c.Tasks))
-	for t := range c.Tasks {
-		types = append(types, t)
-	}
-	slices.Sort(types)
-	return types
+	return slices.Sorted(maps.Keys(c.Tasks))
 }
 
 // Caps returns the task's caps in declaration order: its one semaphore, or

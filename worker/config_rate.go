@@ -3,6 +3,7 @@ package worker
 import (
 	"fmt"
 	"maps"
+	"slices"
 	"strconv"
 	"time"
 
@@ -117,7 +118,7 @@ func (c RateLimitConfig) validate(v *validator, field string) {
 	if len(c.RateOverrides) > 0 && kt != nil && !kt.IsTemplate() {
 		v.add(field+".rate_overrides", "only a key template such as \"stripe:{account_id}\" can have overrides; key %q is plain", c.Key)
 	}
-	for _, k := range sortedKeys(c.RateOverrides) {
+	for _, k := range slices.Sorted(maps.Keys(c.RateOverrides)) {
 		f := fmt.Sprintf("%s.rate_overrides[%s]", field, strconv.Quote(k))
 		n := c.RateOverrides[k]
 		if n < 1 {
@@ -176,7 +177,7 @@ func checkRateClashes(v *validator, decls []declaredRate) {
 				if a.rl.Limit() != b.rl.Limit() {
 					v.add(b.field+".rate", "key %q is limited to %s here but %s in %s", b.rl.Key, b.rl.Limit(), a.rl.Limit(), a.field)
 				}
-				for _, k := range sortedKeys(mergedKeys(a.rl.RateOverrides, b.rl.RateOverrides)) {
+				for _, k := range slices.Sorted(maps.Keys(mergedKeys(a.rl.RateOverrides, b.rl.RateOverrides))) {
 					if la, lb := a.rl.LimitFor(k), b.rl.LimitFor(k); la != lb {
 						v.add(fmt.Sprintf("%s.rate_overrides[%s]", b.field, strconv.Quote(k)),
 							"key %q is limited to %s here but %s in %s", k, lb, la, a.field)

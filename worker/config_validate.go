@@ -3,6 +3,7 @@ package worker
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -71,7 +72,7 @@ func (c *Config) validateWorker(v *validator) {
 	if w.Concurrency < 1 {
 		v.add("worker.concurrency", "must be >= 1, got %d", w.Concurrency)
 	}
-	for _, q := range sortedKeys(w.Queues) {
+	for _, q := range slices.Sorted(maps.Keys(w.Queues)) {
 		field := fmt.Sprintf("worker.queues[%s]", strconv.Quote(q))
 		if strings.TrimSpace(q) == "" {
 			v.add(field, "queue name must not be empty")
@@ -132,7 +133,7 @@ func (c *Config) validateTasks(v *validator) {
 			v.add(field, "task type must not be empty")
 		}
 		if _, ok := c.Worker.Queues[t.Queue]; !ok {
-			v.add(field+".queue", "%q is not one of worker.queues %q", t.Queue, sortedKeys(c.Worker.Queues))
+			v.add(field+".queue", "%q is not one of worker.queues %q", t.Queue, slices.Sorted(maps.Keys(c.Worker.Queues)))
 		}
 		if t.MaxRetry != nil && *t.MaxRetry < 0 {
 			v.add(field+".max_retry", "must be >= 0, got %d", *t.MaxRetry)
@@ -199,7 +200,7 @@ func (cp CapConfig) validate(v *validator, field string) {
 	if len(cp.CapacityOverrides) > 0 && kt != nil && !kt.IsTemplate() {
 		v.add(field+".capacity_overrides", "only a key template such as \"tenant:{tenant_id}\" can have overrides; key %q is plain", cp.Key)
 	}
-	for _, k := range sortedKeys(cp.CapacityOverrides) {
+	for _, k := range slices.Sorted(maps.Keys(cp.CapacityOverrides)) {
 		f := fmt.Sprintf("%s.capacity_overrides[%s]", field, strconv.Quote(k))
 		if n := cp.CapacityOverrides[k]; n < 1 {
 			v.add(f, "must be >= 1, got %d", n)
@@ -221,12 +222,12 @@ func checkConsistent(v *validator, keys map[string]declaredCap, field string, cp
 	if prev.capacity != cp.Capacity {
 		v.add(field+".capacity", "key %q has capacity %d here but %d in %s", cp.Key, cp.Capacity, prev.capacity, prev.field)
 	}
-	for _, k := range sortedKeys(cp.CapacityOverrides) {
+	for _, k := range slices.Sorted(maps.Keys(cp.CapacityOverrides)) {
 		if n, ok := prev.overrides[k]; !ok || n != cp.CapacityOverrides[k] {
 			v.add(fmt.Sprintf("%s.capacity_overrides[%s]", field, strconv.Quote(k)), "key %q has a different capacity override in %s", k, prev.field)
 		}
 	}
-	for _, k := range sortedKeys(prev.overrides) {
+	for _, k := range slices.Sorted(maps.Keys(prev.overrides)) {
 		if _, ok := cp.CapacityOverrides[k]; !ok {
 			v.add(field+".capacity_overrides", "%s overrides key %q but this cap does not", prev.field, k)
 		}
@@ -259,13 +260,13 @@ func checkRenderClashes(v *validator, decls []declaredKey) {
 					v.add(b.field+".capacity", "template %q renders the same keys as %q of %s, with capacity %d there but %d here",
 						b.cp.Key, a.cp.Key, a.field, a.cp.Capacity, b.cp.Capacity)
 				}
-				for _, k := range sortedKeys(b.cp.CapacityOverrides) {
+				for _, k := range slices.Sorted(maps.Keys(b.cp.CapacityOverrides)) {
 					if a.cp.CapacityFor(k) != b.cp.CapacityFor(k) {
 						v.add(fmt.Sprintf("%s.capacity_overrides[%s]", b.field, strconv.Quote(k)),
 							"key %q has capacity %d under %q of %s but %d here", k, a.cp.CapacityFor(k), a.cp.Key, a.field, b.cp.CapacityFor(k))
 					}
 				}
-				for _, k := range sortedKeys(a.cp.CapacityOverrides) {
+				for _, k := range slices.Sorted(maps.Keys(a.cp.CapacityOverrides)) {
 					if _, ok := b.cp.CapacityOverrides[k]; !ok && a.cp.CapacityFor(k) != b.cp.CapacityFor(k) {
 						v.add(b.field+".capacity_overrides", "%s overrides key %q (capacity %d) but this cap gives it %d",
 							a.field, k, a.cp.CapacityFor(k), b.cp.CapacityFor(k))
@@ -295,13 +296,4 @@ func checkHostPort(addr string, minPort int) error {
 		return fmt.Errorf("port must be a number in %d..65535, got %q", minPort, port)
 	}
 	return nil
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }

@@ -6,44 +6,52 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/fleetcap/fleetcap/producer"
+	"github.com/fleetcap/fleetcap/tasks"
 	"github.com/fleetcap/fleetcap/worker"
 )
 
-// A worker whose report:fetch tasks take one of 5 seats of legacy-api
-// across the fleet, on the embedded Redis (no redis.url).
-func ExampleWorker() {
-	cfg, err := worker.ParseConfig([]byte(`
+// exampleConfig is a config.yaml whose report:fetch tasks take one of 5
+// seats of legacy-api across the fleet, on the embedded Redis (no
+// redis.url).
+const exampleConfig = `
 redis:
   embedded_addr: 127.0.0.1:16381
 tasks:
   report:fetch:
     semaphore: {key: legacy-api, capacity: 5, mode: requeue}
-`))
+`
+
+// A worker serves report:fetch under the caps of its config; a producer
+// enqueues one task for it.
+func ExampleWorker() {
+	cfg, err := worker.ParseConfig([]byte(exampleConfig)) // or worker.LoadConfig("config.yaml")
 	if err != nil {
-		fmt.Println(err)
-		return
+		panic(err)
 	}
 	w, err := worker.New(cfg)
 	if err != nil {
-		fmt.Println(err)
-		return
+		panic(err)
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	w.HandleFunc("report:fetch", func(ctx context.Context, t *asynq.Task) error {
-		seats, _ := w.Semaphore().UsedPermits(ctx, "legacy-api")
+	w.HandleFunc(tasks.TypeReportFetch, func(ctx context.Context, t *asynq.Task) error {
+		seats, _ := w.Semaphore().UsedPermits(ctx, "legacy-api") // the cap holds a seat for this task
 		fmt.Printf("fetching %s holding %d of 5 seats\n", t.Payload(), seats)
 		stop() // one task is enough for the example
 		return nil
 	})
 
-	client := asynq.NewClient(asynq.RedisClientOpt{Addr: "127.0.0.1:16381"})
-	defer client.Close()
-	if _, err := client.Enqueue(asynq.NewTask("report:fetch", []byte(`{"tenant_id":"acme"}`))); err != nil {
-		fmt.Println(err)
-		return
+	p, err := producer.New(cfg)
+	if err != nil {
+		panic(err)
 	}
-	if err := w.Run(ctx); err != nil {
-		fmt.Println(err)
+	defer p.Close()
+	if _, err := p.Enqueue(ctx, tasks.TypeReportFetch, []byte(`{"tenant_id":"acme"}`)); err != nil {
+		panic(err)
+	}
+
+	if err := w.Run(ctx); err != nil { // until ctx is done, then a graceful shutdown
+		panic(err)
 	}
 	// Output:
 	// fetching {"tenant_id":"acme"} holding 1 of 5 seats

@@ -98,9 +98,11 @@ func (t redisTarget) newClient() redis.UniversalClient {
 }
 
 // StartEmbedded starts an in-process Redis (miniredis) listening on addr,
-// for trying fleetcap out without a Redis server. The caller closes it.
+// for trying fleetcap out without a Redis server. Its keys expire on the
+// wall clock. It keeps nothing when closed (the worker's embedded Redis
+// saves to redis.embedded_file). The caller closes it.
 func StartEmbedded(addr string) (*miniredis.Miniredis, error) {
-	m := miniredis.NewMiniRedis()
+	m := newEmbedded()
 	if err := m.StartAddr(addr); err != nil {
 		return nil, fmt.Errorf("embedded redis on %s: %w", addr, err)
 	}
@@ -280,48 +282,54 @@ func parseRedisURL(raw string) (redisTarget, error) {
 	if err != nil {
 		return redisTarget{}, fmt.Errorf("not a valid URL; want %s", urlShape)
 	}
-	var t redisTarget
 	switch u.Scheme {
 	case "redis", "rediss":
-		t, err = parseServerURL(u)
+		return parseServerURL(u, raw)
 	case "redis-sentinel":
-		t, err = parseSentinelURL(u)
+		t, err := parseSentinelURL(u)
+		if err != nil {
+			return redisTarget{}, err
+		}
+		if u.User != nil {
+			t.username = u.User.Username()
+			t.password, _ = u.User.Password()
+		}
+		return t, nil
 	case "":
 		return redisTarget{}, fmt.Errorf("missing scheme; want %s", urlShape)
 	default:
 		return redisTarget{}, fmt.Errorf("unsupported scheme %q; want redis, rediss or redis-sentinel", u.Scheme)
 	}
-	if err != nil {
-		return redisTarget{}, err
-	}
-	if u.User != nil {
-		t.username = u.User.Username()
-		t.password, _ = u.User.Password()
-	}
-	return t, nil
 }
 
-// parseServerURL parses redis://[user:password@]host[:port][/db].
-func parseServerURL(u *url.URL) (redisTarget, error) {
-	if u.Opaque != "" || u.Host == "" {
+// parseServerURL parses redis://[user:password@]host[:port][/db] (u is raw
+// parsed) with go-redis's own parser. Beside it, it refuses what go-redis
+// would accept but fleetcap could not honour or the user cannot have meant:
+// a missing host (go-redis would take localhost), query parameters (the
+// clients are built from the fields below, not from go-redis's options), a
+// port out of range and a negative database.
+func parseServerURL(u *url.URL, raw string) (redisTarget, error) {
+	if u.Opaque != "" || u.Host == "" || u.Hostname() == "" {
 		return redisTarget{}, fmt.Errorf("missing host; want %s", urlShape)
 	}
-	if u.RawQuery != "" || u.Fragment != "" {
+	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
 		return redisTarget{}, errors.New("query parameters and fragments are not supported in redis:// and rediss:// URLs")
 	}
-	addr, err := hostPortDefault(u.Host, "6379")
-	if err != nil {
-		return redisTarget{}, err
-	}
-	t := redisTarget{kind: kindSingle, addrs: []string{addr}}
-	if p := strings.Trim(u.Path, "/"); p != "" {
-		if t.db, err = parseDB(p); err != nil {
-			return redisTarget{}, err
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return redisTarget{}, errors.New("port must be a number in 1..65535")
 		}
 	}
-	if u.Scheme == "rediss" {
+	opt, err := redis.ParseURL(raw)
+	if err != nil || opt.DB < 0 {
+		// With the scheme, host and query checked above, go-redis refuses
+		// only the path; its message quotes it, so it is not passed on.
+		return redisTarget{}, errors.New("the database number must be a non-negative integer")
+	}
+	t := redisTarget{kind: kindSingle, addrs: []string{opt.Addr}, username: opt.Username, password: opt.Password, db: opt.DB}
+	if opt.TLSConfig != nil {
 		t.tls = true
-		t.serverName = u.Hostname()
+		t.serverName = opt.TLSConfig.ServerName
 	}
 	return t, nil
 }

@@ -81,6 +81,9 @@ type Worker struct {
 	overrides *control.Reader // operators' capacity and rate overrides
 	asynqLog  *asynqLogger
 
+	embeddedStop sync.Once // stopEmbedded saves once
+	embeddedErr  error     // and what it returned
+
 	mu          sync.Mutex
 	middlewares []asynq.MiddlewareFunc
 	ran         bool
@@ -117,11 +120,9 @@ func New(cfg *Config, opts ...Option) (*Worker, error) {
 	w.caps = caps
 
 	if cfg.Redis.Embedded() {
-		mr, err := StartEmbedded(cfg.Redis.EmbeddedAddr)
-		if err != nil {
+		if err := w.startEmbedded(); err != nil {
 			return nil, err
 		}
-		w.embedded = mr
 	}
 	if err := w.connect(); err != nil {
 		w.Close()
@@ -264,8 +265,8 @@ func (w *Worker) Close() {
 		if w.rdb != nil {
 			_ = w.rdb.Close()
 		}
-		if w.embedded != nil {
-			w.embedded.Close()
+		if err := w.stopEmbedded(); err != nil {
+			w.log.Error(err.Error())
 		}
 	})
 }
@@ -311,6 +312,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	srv.Stop()        // no new tasks
 	_ = w.sem.Close() // waiters abort and requeue; renewal stops
 	srv.Shutdown()    // in-flight work finishes or is requeued by asynq
+	if err := w.stopEmbedded(); err != nil {
+		return err
+	}
 	w.log.Info("worker: stopped")
 	return nil
 }

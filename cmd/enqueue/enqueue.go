@@ -5,19 +5,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
-	"strings"
 	"time"
 
-	"github.com/fleetcap/fleetcap/tasks"
-	"github.com/fleetcap/fleetcap/worker"
 	"github.com/hibiken/asynq"
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
+
+	"github.com/fleetcap/fleetcap/monitoring"
+	"github.com/fleetcap/fleetcap/producer"
+	"github.com/fleetcap/fleetcap/worker"
 )
 
-// enqueueCmd validates everything, then enqueues.
-func enqueueCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+// enqueueCmd validates everything, then enqueues through package producer.
+func enqueueCmd(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) (err error) {
 	o, err := parseArgs(args, stderr)
 	if err != nil {
 		return err
@@ -26,91 +26,83 @@ func enqueueCmd(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	if err != nil {
 		return &usageError{err: err}
 	}
-	def, ok := tasks.Lookup(o.taskType)
-	if !ok {
-		return usagef("unknown task type %q; known types: %s", o.taskType, strings.Join(knownTypes(), ", "))
+	tp, shutdownTracing, err := monitoring.SetupTracing(ctx, "fleetcap-enqueue")
+	if err != nil {
+		return &usageError{err: err}
 	}
-	taskCfg, declared := cfg.Tasks[o.taskType]
-	if !declared {
+	defer func() {
+		// Flushes the producer spans; a failure loses them, so say so.
+		if serr := shutdownTracing(context.Background()); serr != nil {
+			fmt.Fprintln(stderr, "enqueue: tracing shutdown:", serr)
+		}
+	}()
+	p, err := producer.New(cfg, producer.WithTracerProvider(tp))
+	if err != nil {
+		return &usageError{err: err}
+	}
+	defer p.Close()
+
+	opts := o.taskOptions()
+	if err := p.CheckType(o.taskType, opts...); err != nil {
+		return &usageError{err: err}
+	}
+	if _, declared := cfg.Tasks[o.taskType]; !declared {
 		fmt.Fprintf(stderr, "enqueue: warning: %s is not declared in %s: it runs on queue %q without a fleet-wide cap\n",
 			o.taskType, o.configPath, worker.DefaultQueue)
 	}
-	opts, err := taskOptions(o, cfg, taskCfg, declared)
-	if err != nil {
-		return err
-	}
-
-	checker := payloadChecker{def: def, caps: taskCfg.Caps()}
+	check := func(payload []byte) error { return p.Check(o.taskType, payload, opts...) }
 	var payloads [][]byte
 	switch {
 	case o.payload != nil:
-		p, err := argPayload(checker, *o.payload)
+		payload, err := argPayload(check, *o.payload)
 		if err != nil {
 			return err
 		}
 		for range o.count {
-			payloads = append(payloads, p)
+			payloads = append(payloads, payload)
 		}
 	case isTerminal(stdin):
 		return usagef("missing JSON: give it as an argument, or pipe JSON lines on stdin")
 	default:
-		if payloads, err = stdinPayloads(checker, stdin); err != nil {
+		if payloads, err = stdinPayloads(check, stdin); err != nil {
 			return err
 		}
 	}
 
-	connOpt, err := cfg.Redis.AsynqConnOpt()
-	if err != nil {
-		return &usageError{err: err}
-	}
-	client := asynq.NewClient(connOpt)
-	defer client.Close()
-	if err := client.Ping(); err != nil {
+	if err := p.Ping(); err != nil {
 		if cfg.Redis.Embedded() {
 			return fmt.Errorf("cannot reach the embedded Redis at %s (it runs inside the worker: is a worker running?): %w", cfg.Redis.EmbeddedAddr, err)
 		}
 		return fmt.Errorf("cannot reach Redis: %w", err)
 	}
-	return enqueueAll(ctx, client, o.taskType, payloads, opts, stdout, stderr)
+	return enqueueAll(ctx, p, o.taskType, payloads, opts, stdout, stderr)
 }
 
-// taskOptions builds the asynq options: the task type's configuration, then
-// the flags.
-func taskOptions(o *options, cfg *worker.Config, tc worker.TaskConfig, declared bool) ([]asynq.Option, error) {
-	queue, maxRetry, timeout := worker.DefaultQueue, worker.DefaultMaxRetry, worker.DefaultTaskTimeout
-	if declared {
-		queue, maxRetry, timeout = tc.Queue, *tc.MaxRetry, tc.Timeout
-	}
+// taskOptions are the asynq options the flags ask for; the producer puts
+// them after the task type's configured queue, max_retry and timeout.
+func (o *options) taskOptions() []asynq.Option {
+	var opts []asynq.Option
 	if o.set["queue"] {
-		queue = o.queue
-	}
-	if _, ok := cfg.Worker.Queues[queue]; !ok {
-		var served []string
-		for q := range cfg.Worker.Queues {
-			served = append(served, q)
-		}
-		slices.Sort(served)
-		return nil, usagef("queue %q is not served by the fleet (worker.queues in %s: %s)", queue, o.configPath, strings.Join(served, ", "))
+		opts = append(opts, asynq.Queue(o.queue))
 	}
 	if o.set["max-retry"] {
-		maxRetry = o.maxRetry
+		opts = append(opts, asynq.MaxRetry(o.maxRetry))
 	}
 	if o.set["timeout"] {
-		timeout = o.timeout
+		opts = append(opts, asynq.Timeout(o.timeout))
 	}
-	opts := []asynq.Option{asynq.Queue(queue), asynq.MaxRetry(maxRetry), asynq.Timeout(timeout)}
 	if o.in > 0 {
 		opts = append(opts, asynq.ProcessIn(o.in))
 	}
 	if o.unique > 0 {
 		opts = append(opts, asynq.Unique(o.unique))
 	}
-	return opts, nil
+	return opts
 }
 
 // enqueueAll enqueues the payloads in order and prints each task ID. With
 // --unique, a duplicate is reported on stderr and skipped.
-func enqueueAll(ctx context.Context, client *asynq.Client, taskType string, payloads [][]byte, opts []asynq.Option, stdout, stderr io.Writer) error {
+func enqueueAll(ctx context.Context, p *producer.Producer, taskType string, payloads [][]byte, opts []asynq.Option, stdout, stderr io.Writer) error {
 	var bar *progressbar.ProgressBar
 	if len(payloads) > 1 && isTerminal(stderr) {
 		bar = progressbar.NewOptions(len(payloads),
@@ -122,23 +114,24 @@ func enqueueAll(ctx context.Context, client *asynq.Client, taskType string, payl
 		)
 		defer bar.Exit()
 	}
-	enqueued, duplicates := 0, 0
-	for i, p := range payloads {
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("stopped after enqueueing %d of %d tasks: %w", enqueued, len(payloads), err)
-		}
-		id, err := enqueueOne(ctx, client, taskType, p, opts)
+	i, enqueued, duplicates := 0, 0, 0
+	for info, err := range p.EnqueueAll(ctx, taskType, payloads, opts...) {
+		i++
 		switch {
 		case errors.Is(err, asynq.ErrDuplicateTask):
 			duplicates++
 			if bar == nil {
-				fmt.Fprintf(stderr, "enqueue: task %d of %d: a duplicate within --unique, skipped\n", i+1, len(payloads))
+				fmt.Fprintf(stderr, "enqueue: task %d of %d: a duplicate within --unique, skipped\n", i, len(payloads))
 			}
+		case errors.Is(err, producer.ErrInvalid):
+			return &usageError{err: err} // not expected: every payload was checked
+		case err != nil && ctx.Err() != nil:
+			return fmt.Errorf("stopped after enqueueing %d of %d tasks: %w", enqueued, len(payloads), err)
 		case err != nil:
 			return fmt.Errorf("enqueued %d of %d tasks, then: %w", enqueued, len(payloads), err)
 		default:
 			enqueued++
-			if _, err := fmt.Fprintln(stdout, id); err != nil {
+			if _, err := fmt.Fprintln(stdout, info.ID); err != nil {
 				return fmt.Errorf("write task ID: %w", err)
 			}
 		}
@@ -155,29 +148,8 @@ func enqueueAll(ctx context.Context, client *asynq.Client, taskType string, payl
 	return nil
 }
 
-// enqueueOne enqueues one task and returns its ID.
-func enqueueOne(ctx context.Context, client *asynq.Client, taskType string, payload []byte, opts []asynq.Option) (id string, err error) {
-	// Task headers travel with the task to the worker.
-	// HOOK(monitoring): inject the producer span's traceparent here.
-	headers := map[string]string{}
-
-	info, err := client.EnqueueContext(ctx, asynq.NewTaskWithHeaders(taskType, payload, headers), opts...)
-	if err != nil {
-		return "", fmt.Errorf("enqueue %s: %w", taskType, err)
-	}
-	return info.ID, nil
-}
-
 // isTerminal reports whether f (os.Stdin, os.Stderr) is a terminal.
 func isTerminal(f any) bool {
 	fd, ok := f.(interface{ Fd() uintptr })
 	return ok && term.IsTerminal(int(fd.Fd()))
-}
-
-func knownTypes() []string {
-	var types []string
-	for _, d := range tasks.All() {
-		types = append(types, d.Type)
-	}
-	return types
 }

@@ -110,7 +110,7 @@ func TestBadInputExits2AndEnqueuesNothing(t *testing.T) {
 		{"zero timeout", "", []string{"--timeout", "0s", "report:fetch", acme}, "--timeout must be > 0"},
 		{"short unique", "", []string{"--unique", "500ms", "report:fetch", acme}, "--unique must be at least 1s"},
 		{"negative in", "", []string{"--in", "-1s", "report:fetch", acme}, "--in must not be negative"},
-		{"queue not served", "", []string{"--queue", "bulk", "report:fetch", acme}, `queue "bulk" is not served by the fleet (worker.queues in`},
+		{"queue not served", "", []string{"--queue", "bulk", "report:fetch", acme}, `queue "bulk" is not served by the fleet (worker.queues: critical, default)`},
 		{"unknown type", "", []string{"report:fetsh", acme}, `unknown task type "report:fetsh"; known types: report:fetch, webhook:deliver`},
 		{"malformed JSON", "", []string{"report:fetch", `{"tenant_id":`}, "invalid report:fetch payload: malformed JSON"},
 		{"not an object", "", []string{"report:fetch", `acme`}, "invalid report:fetch payload: malformed JSON"},

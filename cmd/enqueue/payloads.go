@@ -9,36 +9,15 @@ import (
 	"strings"
 
 	"github.com/fleetcap/fleetcap/tasks"
-	"github.com/fleetcap/fleetcap/worker"
 )
 
 // maxReportedLines bounds how many bad stdin lines are listed.
 const maxReportedLines = 10
 
-// payloadChecker validates one payload: the task type's own rules, then
-// every configured semaphore key that renders from the payload, so that a
-// task that the worker could not cap is never enqueued.
-type payloadChecker struct {
-	def  tasks.Definition
-	caps []worker.CapConfig
-}
-
-func (c payloadChecker) check(payload []byte) error {
-	if err := c.def.Validate(payload); err != nil {
-		return err
-	}
-	for _, cp := range c.caps {
-		if _, err := cp.RenderKey(payload); err != nil {
-			return fmt.Errorf("semaphore key: %w", err)
-		}
-	}
-	return nil
-}
-
-// argPayload validates the JSON argument.
-func argPayload(c payloadChecker, arg string) ([]byte, error) {
+// argPayload validates the JSON argument with check (the producer's).
+func argPayload(check func([]byte) error, arg string) ([]byte, error) {
 	p := bytes.TrimSpace([]byte(arg))
-	if err := c.check(p); err != nil {
+	if err := check(p); err != nil {
 		return nil, usagef("%w", err)
 	}
 	return p, nil
@@ -47,7 +26,7 @@ func argPayload(c payloadChecker, arg string) ([]byte, error) {
 // stdinPayloads reads one JSON payload a line (blank lines are skipped) and
 // validates every line before returning any. A bad line is a usage error
 // that names its line number.
-func stdinPayloads(c payloadChecker, r io.Reader) ([][]byte, error) {
+func stdinPayloads(check func([]byte) error, r io.Reader) ([][]byte, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), tasks.MaxPayloadBytes+1)
 	var (
@@ -62,7 +41,7 @@ func stdinPayloads(c payloadChecker, r io.Reader) ([][]byte, error) {
 		if len(p) == 0 {
 			continue
 		}
-		if err := c.check(p); err != nil {
+		if err := check(p); err != nil {
 			if nbad++; nbad <= maxReportedLines {
 				bad = append(bad, fmt.Sprintf("line %d: %v", line, err))
 			}

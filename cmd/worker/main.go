@@ -119,6 +119,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	w, err = worker.New(cfg, worker.WithObserver(metrics), worker.WithLogger(logger), worker.WithTracerProvider(tp))
+	var fileErr *worker.EmbeddedFileError
+	if errors.As(err, &fileErr) {
+		return usageError{err}
+	}
 	if err != nil {
 		return err
 	}
@@ -209,6 +213,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "fleetcap worker on %s\n  semaphores: %s/semaphores\n  asynqmon:   %s/monitoring/\n  metrics:    %s/metrics\n",
 		where, base, base, base)
+	if cfg.Redis.Embedded() && cfg.Redis.EmbeddedFile != "" {
+		fmt.Fprintf(stdout, "  kept in:    %s (saved at stop, loaded at start)\n", cfg.Redis.EmbeddedFile)
+	}
 
 	runErr := w.Run(ctx)
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

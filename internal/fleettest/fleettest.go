@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -320,12 +321,7 @@ func ConfigTypes(redisURL, queue string, concurrency int, capYAML map[string]str
 	var b strings.Builder
 	fmt.Fprintf(&b, "redis:\n  url: %q\nworker:\n  concurrency: %d\n  queues: {%q: 1}\n  shutdown_timeout: 5s\nmonitoring:\n  addr: 127.0.0.1:0\n", redisURL, concurrency, queue)
 	b.WriteString("tasks:\n")
-	types := make([]string, 0, len(capYAML))
-	for typ := range capYAML {
-		types = append(types, typ)
-	}
-	slices.Sort(types)
-	for _, typ := range types {
+	for _, typ := range slices.Sorted(maps.Keys(capYAML)) {
 		fmt.Fprintf(&b, "  %s:\n    queue: %q\n    max_retry: 3\n", typ, queue)
 		b.WriteString(capYAML[typ])
 	}

@@ -310,6 +310,21 @@ func StartDetached() (addr string, stop func(), err error) {
 	return addr, stop, nil
 }
 
+// RunMain is a TestMain for packages whose examples need a Redis: it
+// starts a private redis-server (StartDetached), stores its address in
+// *addr, runs the tests, stops the server and exits with the tests' code.
+func RunMain(m *testing.M, addr *string) {
+	a, stop, err := StartDetached()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	*addr = a
+	code := m.Run()
+	stop()
+	os.Exit(code)
+}
+
 // StartWithUser is Start with the default user off and an ACL user
 // username/password allowed everything; the readiness check and Client log
 // in as that user.
@@ -323,19 +338,4 @@ func StartWithUser(tb testing.TB, username, password string, opts ...Option) *Se
 	s.start()
 	tb.Cleanup(s.Stop)
 	return s
-}
-
-// RunMain is a TestMain for packages whose examples need a Redis: it
-// starts a private redis-server, stores its host:port in *addr, runs the
-// tests, stops the server and exits with the tests' code.
-func RunMain(m *testing.M, addr *string) {
-	a, stop, err := StartDetached()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	*addr = a
-	code := m.Run()
-	stop()
-	os.Exit(code)
 }

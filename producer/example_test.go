@@ -1,0 +1,84 @@
+package producer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/fleetcap/fleetcap/producer"
+	"github.com/fleetcap/fleetcap/tasks"
+	"github.com/fleetcap/fleetcap/worker"
+)
+
+// exampleConfig is the fleet's config.yaml for the examples: the private
+// Redis of the tests, and report:fetch as the shipped config.yaml declares
+// it.
+func exampleConfig() *worker.Config {
+	cfg, err := worker.ParseConfig(fmt.Appendf(nil, `
+redis: {url: "redis://%s"}
+worker:
+  queues: {default: 1, critical: 5}
+tasks:
+  report:fetch:
+    max_retry: 10
+    timeout: 5m
+    semaphore: {key: legacy-api, capacity: 5}
+`, redisAddr))
+	if err != nil {
+		panic(err)
+	}
+	return cfg
+}
+
+// A Go service enqueues report:fetch tasks for the fleet: each payload is
+// checked as the workers will check it, and each task gets the queue,
+// max_retry and timeout that the config gives report:fetch, and carries
+// the trace context of its producer span to the worker.
+func ExampleProducer_Enqueue() {
+	cfg := exampleConfig() // or worker.LoadConfig("config.yaml")
+	ctx := context.Background()
+
+	p, err := producer.New(cfg)
+	if err != nil {
+		panic(err)
+	}
+	defer p.Close()
+
+	info, err := p.Enqueue(ctx, tasks.TypeReportFetch, []byte(`{"tenant_id":"acme"}`))
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(info.Queue, info.MaxRetry, info.Timeout)
+
+	// A payload the handler would reject is never enqueued.
+	_, err = p.Enqueue(ctx, tasks.TypeReportFetch, []byte(`{"tenant":"acme"}`))
+	fmt.Println(errors.Is(err, producer.ErrInvalid), err)
+	// Output:
+	// default 10 5m0s
+	// true invalid report:fetch payload: unknown field "tenant"
+}
+
+// EnqueueAll checks every payload before it enqueues the first; asynq's
+// options override the configured ones.
+func ExampleProducer_EnqueueAll() {
+	p, err := producer.New(exampleConfig())
+	if err != nil {
+		panic(err)
+	}
+	defer p.Close()
+	ctx := context.Background()
+
+	payloads := [][]byte{[]byte(`{"tenant_id":"acme"}`), []byte(`{"tenant_id":"globex"}`)}
+	for info, err := range p.EnqueueAll(ctx, tasks.TypeReportFetch, payloads, asynq.Queue("critical")) {
+		if err != nil {
+			fmt.Println(err)
+			break
+		}
+		fmt.Println("enqueued on", info.Queue)
+	}
+	// Output:
+	// enqueued on critical
+	// enqueued on critical
+}

@@ -1,0 +1,12 @@
+package producer_test
+
+import (
+	"testing"
+
+	"github.com/fleetcap/fleetcap/internal/redistest"
+)
+
+// redisAddr is a private redis-server for the examples, started by TestMain.
+var redisAddr string
+
+func TestMain(m *testing.M) { redistest.RunMain(m, &redisAddr) }

@@ -1,0 +1,275 @@
+// Package producer enqueues fleetcap's task types from Go services. It
+// checks each payload as the workers will (the task type's own validation,
+// and every semaphore key template of its caps), applies the task type's
+// configured queue, max_retry and timeout, and wraps each enqueue in a
+// producer span whose W3C trace context travels in the task's headers, so
+// that the worker's span of the task links to it.
+package producer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"iter"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/hibiken/asynq"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/fleetcap/fleetcap/monitoring"
+	"github.com/fleetcap/fleetcap/tasks"
+	"github.com/fleetcap/fleetcap/worker"
+)
+
+// ErrInvalid matches (errors.Is) every error about a task the fleet would
+// not run: an unknown task type, a payload its type rejects, a semaphore
+// key the payload cannot render, a queue no worker serves. Nothing was
+// enqueued when it is returned.
+var ErrInvalid = errors.New("producer: invalid task")
+
+// invalid marks err as bad input: it matches ErrInvalid and still err.
+func invalid(err error) error { return invalidError{err} }
+
+type invalidError struct{ err error }
+
+func (e invalidError) Error() string   { return e.err.Error() }
+func (e invalidError) Unwrap() []error { return []error{ErrInvalid, e.err} }
+
+// Option tunes New and Open.
+type Option func(*options)
+
+type options struct {
+	tp         trace.TracerProvider
+	validators map[string]func(payload []byte) error
+}
+
+// WithTracerProvider sets where the producer spans go; default the global
+// provider (otel.GetTracerProvider()).
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(o *options) { o.tp = tp }
+}
+
+// WithValidator declares a task type of your own (one that package tasks
+// does not define) and how to check its payloads; validate returns an
+// error for a payload the type's handler would reject.
+func WithValidator(taskType string, validate func(payload []byte) error) Option {
+	return func(o *options) { o.validators[taskType] = validate }
+}
+
+// Producer enqueues tasks for a fleetcap fleet. It is safe for concurrent
+// use. Create it with New or Open; Close it when done.
+type Producer struct {
+	cfg        *worker.Config
+	client     *asynq.Client
+	tp         trace.TracerProvider
+	validators map[string]func(payload []byte) error
+}
+
+// Open loads the fleet's config file (as worker.LoadConfig does, with its
+// environment overrides) and returns a Producer for it.
+func Open(configPath string, opts ...Option) (*Producer, error) {
+	cfg, err := worker.LoadConfig(configPath)
+	if err != nil {
+		return nil, err
+	}
+	return New(cfg, opts...)
+}
+
+// New returns a Producer for the fleet that cfg describes: its Redis, its
+// queues and its task types. A Config built in code gets its defaults and
+// is checked here (see worker.Config.Validate). New does no I/O; Ping
+// checks that Redis answers.
+func New(cfg *worker.Config, opts ...Option) (*Producer, error) {
+	if cfg == nil {
+		return nil, errors.New("producer: New: nil config")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("producer: config: %w", err)
+	}
+	o := options{validators: map[string]func([]byte) error{}}
+	for _, d := range tasks.All() {
+		o.validators[d.Type] = d.Validate
+	}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	for typ, v := range o.validators {
+		if typ == "" || v == nil {
+			return nil, fmt.Errorf("producer: WithValidator(%q): want a task type and a validate function", typ)
+		}
+	}
+	if o.tp == nil {
+		o.tp = otel.GetTracerProvider()
+	}
+	connOpt, err := cfg.Redis.AsynqConnOpt()
+	if err != nil {
+		return nil, fmt.Errorf("producer: %w", err)
+	}
+	return &Producer{cfg: cfg, client: asynq.NewClient(connOpt), tp: o.tp, validators: o.validators}, nil
+}
+
+// Close closes the connection to Redis.
+func (p *Producer) Close() error { return p.client.Close() }
+
+// Ping checks that Redis answers.
+func (p *Producer) Ping() error { return p.client.Ping() }
+
+// CheckType reports whether tasks of this type can be enqueued with these
+// options (a known type, a queue the fleet serves), without enqueueing
+// any; its errors match ErrInvalid.
+func (p *Producer) CheckType(taskType string, opts ...asynq.Option) error {
+	_, err := p.plan(taskType, opts)
+	return err
+}
+
+// Check reports whether a task of this type and payload would be enqueued
+// with these options, without enqueueing it; its errors match ErrInvalid.
+func (p *Producer) Check(taskType string, payload []byte, opts ...asynq.Option) error {
+	pl, err := p.plan(taskType, opts)
+	if err != nil {
+		return err
+	}
+	return pl.check(payload)
+}
+
+// Enqueue checks the payload, then enqueues a task of taskType with the
+// type's configured queue, max_retry and timeout, overridden by opts (such
+// as asynq.Queue, asynq.MaxRetry, asynq.Timeout, asynq.ProcessIn or
+// asynq.Unique). It starts a producer span and carries its traceparent in
+// the task's headers. Bad input returns an error matching ErrInvalid and
+// enqueues nothing; asynq's errors (asynq.ErrDuplicateTask, ...) are
+// wrapped.
+func (p *Producer) Enqueue(ctx context.Context, taskType string, payload []byte, opts ...asynq.Option) (*asynq.TaskInfo, error) {
+	pl, err := p.plan(taskType, opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := pl.check(payload); err != nil {
+		return nil, err
+	}
+	return p.send(ctx, pl, payload)
+}
+
+// EnqueueAll checks every payload first and enqueues nothing unless all
+// pass: then the one value it yields is (nil, err) with err matching
+// ErrInvalid. Otherwise it enqueues the payloads in order as Enqueue does,
+// yielding each task's info or its error (a duplicate under asynq.Unique
+// yields an error matching asynq.ErrDuplicateTask); the caller may go on
+// after an error, and stops enqueueing by breaking out of the loop. Once
+// ctx is done it yields ctx's error and stops.
+func (p *Producer) EnqueueAll(ctx context.Context, taskType string, payloads [][]byte, opts ...asynq.Option) iter.Seq2[*asynq.TaskInfo, error] {
+	return func(yield func(*asynq.TaskInfo, error) bool) {
+		pl, err := p.plan(taskType, opts)
+		if err == nil {
+			err = pl.checkAll(payloads)
+		}
+		if err != nil {
+			yield(nil, err)
+			return
+		}
+		for _, payload := range payloads {
+			if err := ctx.Err(); err != nil {
+				yield(nil, fmt.Errorf("producer: %w", err))
+				return
+			}
+			if !yield(p.send(ctx, pl, payload)) {
+				return
+			}
+		}
+	}
+}
+
+// send enqueues one checked payload inside a producer span.
+func (p *Producer) send(ctx context.Context, pl *plan, payload []byte) (*asynq.TaskInfo, error) {
+	headers := map[string]string{}
+	ctx, span := monitoring.InjectTask(ctx, p.tp, pl.taskType, payload, headers)
+	info, err := p.enqueue(ctx, asynq.NewTaskWithHeaders(pl.taskType, payload, headers), pl.opts)
+	monitoring.EndEnqueue(span, info, err)
+	if err != nil {
+		return nil, fmt.Errorf("producer: enqueue %s: %w", pl.taskType, err)
+	}
+	return info, nil
+}
+
+// enqueue puts one built task into Redis.
+func (p *Producer) enqueue(ctx context.Context, task *asynq.Task, opts []asynq.Option) (*asynq.TaskInfo, error) {
+	return p.client.EnqueueContext(ctx, task, opts...)
+}
+
+// plan is what enqueueing a task type takes: its checks and its options.
+type plan struct {
+	taskType string
+	validate func(payload []byte) error
+	caps     []worker.CapConfig
+	opts     []asynq.Option
+}
+
+// plan resolves a task type and the caller's options against the config.
+func (p *Producer) plan(taskType string, opts []asynq.Option) (*plan, error) {
+	validate, ok := p.validators[taskType]
+	if !ok {
+		return nil, invalid(fmt.Errorf("unknown task type %q; known types: %s",
+			taskType, strings.Join(slices.Sorted(maps.Keys(p.validators)), ", ")))
+	}
+	queue, maxRetry, timeout := worker.DefaultQueue, worker.DefaultMaxRetry, worker.DefaultTaskTimeout
+	tc, declared := p.cfg.Tasks[taskType]
+	if declared {
+		queue, maxRetry, timeout = tc.Queue, *tc.MaxRetry, tc.Timeout
+	}
+	for _, o := range opts {
+		if o == nil {
+			return nil, invalid(errors.New("a nil asynq.Option"))
+		}
+		if o.Type() == asynq.QueueOpt {
+			queue, _ = o.Value().(string)
+		}
+	}
+	if _, ok := p.cfg.Worker.Queues[queue]; !ok {
+		return nil, invalid(fmt.Errorf("queue %q is not served by the fleet (worker.queues: %s)",
+			queue, strings.Join(slices.Sorted(maps.Keys(p.cfg.Worker.Queues)), ", ")))
+	}
+	return &plan{
+		taskType: taskType,
+		validate: validate,
+		caps:     tc.Caps(),
+		opts:     append([]asynq.Option{asynq.Queue(queue), asynq.MaxRetry(maxRetry), asynq.Timeout(timeout)}, opts...),
+	}, nil
+}
+
+// check validates one payload: the task type's own rules, then every
+// semaphore key of its caps, so that no task the worker could not cap is
+// enqueued.
+func (pl *plan) check(payload []byte) error {
+	if err := pl.validate(payload); err != nil {
+		return invalid(err)
+	}
+	for _, c := range pl.caps {
+		if _, err := c.RenderKey(payload); err != nil {
+			return invalid(fmt.Errorf("semaphore key: %w", err))
+		}
+	}
+	return nil
+}
+
+// checkAll validates every payload and names the first bad one.
+func (pl *plan) checkAll(payloads [][]byte) error {
+	var first error
+	bad := 0
+	for i, payload := range payloads {
+		if err := pl.check(payload); err != nil {
+			if bad++; first == nil {
+				first = fmt.Errorf("payload %d of %d: %w", i+1, len(payloads), err)
+			}
+		}
+	}
+	switch {
+	case bad > 1:
+		return invalid(fmt.Errorf("%d of %d payloads are invalid, nothing enqueued; the first: %w", bad, len(payloads), first))
+	case bad == 1:
+		return invalid(fmt.Errorf("nothing enqueued: %w", first))
+	}
+	return nil
+}

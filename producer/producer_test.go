@@ -1,0 +1,316 @@
+package producer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/producer"
+	"github.com/fleetcap/fleetcap/tasks"
+	"github.com/fleetcap/fleetcap/worker"
+)
+
+const testConfig = `
+redis: {url: %q}
+worker:
+  queues: {default: 1, critical: 3}
+tasks:
+  report:fetch:
+    max_retry: 3
+    timeout: 2m
+    semaphores: [{key: legacy-api, capacity: 5}, {key: "tenant:{tenant_id}", capacity: 2}]
+  invoice:sync:
+    queue: critical
+    semaphore: {key: "account:{account_id}", capacity: 1}
+`
+
+// env is a private Redis, a producer on it, and what its spans recorded.
+type env struct {
+	srv   *redistest.Server
+	p     *producer.Producer
+	insp  *asynq.Inspector
+	spans *tracetest.SpanRecorder
+}
+
+func newEnv(t *testing.T, opts ...producer.Option) *env {
+	t.Helper()
+	srv := redistest.Start(t)
+	cfg, err := worker.ParseConfig(fmt.Appendf(nil, testConfig, srv.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	p, err := producer.New(cfg, append([]producer.Option{producer.WithTracerProvider(tp)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	insp := asynq.NewInspector(asynq.RedisClientOpt{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = insp.Close() })
+	return &env{srv: srv, p: p, insp: insp, spans: rec}
+}
+
+func (e *env) task(t *testing.T, queue, id string) *asynq.TaskInfo {
+	t.Helper()
+	info, err := e.insp.GetTaskInfo(queue, id)
+	if err != nil {
+		t.Fatalf("GetTaskInfo(%s, %s): %v", queue, id, err)
+	}
+	return info
+}
+
+// keys is how many keys Redis holds.
+func (e *env) keys(t *testing.T) int64 {
+	t.Helper()
+	n, err := e.srv.Client().DBSize(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+const acme = `{"tenant_id":"acme"}`
+
+// TestEnqueueAppliesConfigAndOptions: a task gets its type's configured
+// queue, max_retry and timeout, and asynq options given to Enqueue win.
+func TestEnqueueAppliesConfigAndOptions(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	info, err := e.p.Enqueue(ctx, tasks.TypeReportFetch, []byte(acme))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := e.task(t, "default", info.ID)
+	if got.Type != tasks.TypeReportFetch || string(got.Payload) != acme || got.MaxRetry != 3 || got.Timeout != 2*time.Minute {
+		t.Errorf("configured task = %+v", got)
+	}
+
+	info, err = e.p.Enqueue(ctx, tasks.TypeReportFetch, []byte(acme),
+		asynq.Queue("critical"), asynq.MaxRetry(0), asynq.Timeout(30*time.Second), asynq.ProcessIn(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = e.task(t, "critical", info.ID)
+	if got.MaxRetry != 0 || got.Timeout != 30*time.Second || got.State != asynq.TaskStateScheduled {
+		t.Errorf("task with options = %+v", got)
+	}
+
+	// An undeclared type gets asynq's defaults on the default queue.
+	hook := `{"tenant_id":"acme","url":"https://example.com/h","event":"invoice.paid"}`
+	info, err = e.p.Enqueue(ctx, tasks.TypeWebhookDeliver, []byte(hook))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := e.task(t, "default", info.ID); got.MaxRetry != worker.DefaultMaxRetry || got.Timeout != worker.DefaultTaskTimeout {
+		t.Errorf("undeclared type's task = %+v", got)
+	}
+}
+
+// TestEnqueueStartsAProducerSpan: each enqueue makes a PRODUCER span, and
+// the task's headers carry its traceparent.
+func TestEnqueueStartsAProducerSpan(t *testing.T) {
+	e := newEnv(t)
+	info, err := e.p.Enqueue(context.Background(), tasks.TypeReportFetch, []byte(acme))
+	if err != nil {
+		t.Fatal(err)
+	}
+	spans := e.spans.Ended()
+	if len(spans) != 1 {
+		t.Fatalf("%d spans ended, want 1", len(spans))
+	}
+	s := spans[0]
+	if s.SpanKind() != trace.SpanKindProducer || s.Name() != "asynq.enqueue report:fetch" {
+		t.Errorf("span %q of kind %v", s.Name(), s.SpanKind())
+	}
+	attrs := map[string]string{}
+	for _, kv := range s.Attributes() {
+		attrs[string(kv.Key)] = kv.Value.String()
+	}
+	if attrs["messaging.system"] != "asynq" || attrs["messaging.message.id"] != info.ID || attrs["messaging.destination.name"] != "default" {
+		t.Errorf("span attributes = %v", attrs)
+	}
+	sc := s.SpanContext()
+	want := fmt.Sprintf("00-%s-%s-01", sc.TraceID(), sc.SpanID())
+	if got := e.task(t, "default", info.ID).Headers["traceparent"]; got != want {
+		t.Errorf("task header traceparent = %q, want %q", got, want)
+	}
+}
+
+// TestBadInputEnqueuesNothing: every kind of bad input is an error naming
+// the problem that matches ErrInvalid, from Enqueue, EnqueueAll, Check and
+// CheckType alike, and Redis stays empty.
+func TestBadInputEnqueuesNothing(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	for _, c := range []struct {
+		name, typ, payload string
+		opts               []asynq.Option
+		want               string
+	}{
+		{"unknown type", "report:fetsh", acme, nil, `unknown task type "report:fetsh"; known types: report:fetch, webhook:deliver`},
+		{"no validator for a declared type", "invoice:sync", `{"account_id":"a"}`, nil, `unknown task type "invoice:sync"`},
+		{"malformed JSON", tasks.TypeReportFetch, `{"tenant_id":`, nil, "invalid report:fetch payload: malformed JSON"},
+		{"rejected payload", tasks.TypeReportFetch, `{"tenant_id":""}`, nil, "invalid report:fetch payload: tenant_id: required"},
+		{"empty payload", tasks.TypeReportFetch, ``, nil, "invalid report:fetch payload"},
+		{"queue not served", tasks.TypeReportFetch, acme, []asynq.Option{asynq.Queue("bulk")}, `queue "bulk" is not served by the fleet (worker.queues: critical, default)`},
+		{"nil option", tasks.TypeReportFetch, acme, []asynq.Option{nil}, "a nil asynq.Option"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			check := func(what string, err error) {
+				t.Helper()
+				if !errors.Is(err, producer.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+					t.Errorf("%s: err = %v, want ErrInvalid and %q", what, err, c.want)
+				}
+			}
+			info, err := e.p.Enqueue(ctx, c.typ, []byte(c.payload), c.opts...)
+			if info != nil {
+				t.Errorf("Enqueue returned a task: %+v", info)
+			}
+			check("Enqueue", err)
+			check("Check", e.p.Check(c.typ, []byte(c.payload), c.opts...))
+			n := 0
+			for info, err := range e.p.EnqueueAll(ctx, c.typ, [][]byte{[]byte(acme), []byte(c.payload)}, c.opts...) {
+				n++
+				if info != nil {
+					t.Errorf("EnqueueAll yielded a task: %+v", info)
+				}
+				check("EnqueueAll", err)
+			}
+			if n != 1 {
+				t.Errorf("EnqueueAll yielded %d values, want 1", n)
+			}
+			if e.keys(t) != 0 {
+				t.Errorf("Redis holds %d keys after bad input", e.keys(t))
+			}
+		})
+	}
+	if err := e.p.CheckType(tasks.TypeReportFetch, asynq.Queue("bulk")); !errors.Is(err, producer.ErrInvalid) {
+		t.Errorf("CheckType with a queue not served: %v", err)
+	}
+	if err := e.p.CheckType(tasks.TypeReportFetch); err != nil {
+		t.Errorf("CheckType: %v", err)
+	}
+}
+
+// TestUnrenderableKeyIsRefused: a payload that a cap's key template cannot
+// render (the worker could not cap it) is refused.
+func TestUnrenderableKeyIsRefused(t *testing.T) {
+	e := newEnv(t, producer.WithValidator("invoice:sync", func([]byte) error { return nil }))
+	_, err := e.p.Enqueue(context.Background(), "invoice:sync", []byte(`{"account":"a"}`))
+	if !errors.Is(err, producer.ErrInvalid) || !strings.Contains(err.Error(), `semaphore key: key template "account:{account_id}": payload field "account_id" is missing`) {
+		t.Errorf("err = %v", err)
+	}
+	if e.keys(t) != 0 {
+		t.Errorf("Redis holds %d keys", e.keys(t))
+	}
+}
+
+// TestWithValidator: a task type of the user's own is enqueued with its
+// configured queue once it has a validator, and its validator's verdict
+// holds.
+func TestWithValidator(t *testing.T) {
+	errNoAmount := errors.New("invoice:sync: amount required")
+	e := newEnv(t, producer.WithValidator("invoice:sync", func(b []byte) error {
+		if !strings.Contains(string(b), "amount") {
+			return errNoAmount
+		}
+		return nil
+	}))
+	ctx := context.Background()
+	info, err := e.p.Enqueue(ctx, "invoice:sync", []byte(`{"account_id":"a","amount":3}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Queue != "critical" {
+		t.Errorf("queue = %q, want critical (configured)", info.Queue)
+	}
+	_, err = e.p.Enqueue(ctx, "invoice:sync", []byte(`{"account_id":"a"}`))
+	if !errors.Is(err, producer.ErrInvalid) || !errors.Is(err, errNoAmount) {
+		t.Errorf("rejected payload: err = %v", err)
+	}
+	if _, err := producer.New(exampleConfig(), producer.WithValidator("", nil)); err == nil {
+		t.Error("WithValidator with no type and no function: no error")
+	}
+}
+
+// TestEnqueueAll: every payload is checked before the first is enqueued;
+// then they go in order, a duplicate under asynq.Unique is yielded as an
+// error the caller may pass over, and breaking out stops enqueueing.
+func TestEnqueueAll(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	payloads := [][]byte{[]byte(`{"tenant_id":"a"}`), []byte(`{"tenant_id":""}`), []byte(`{"tenant_id":"c"}`), []byte(`{"x":1}`)}
+	for _, err := range e.p.EnqueueAll(ctx, tasks.TypeReportFetch, payloads) {
+		if !strings.Contains(fmt.Sprint(err), "2 of 4 payloads are invalid, nothing enqueued; the first: payload 2 of 4: invalid report:fetch payload: tenant_id: required") {
+			t.Errorf("err = %v", err)
+		}
+	}
+	if e.keys(t) != 0 {
+		t.Fatalf("Redis holds %d keys after a bad batch", e.keys(t))
+	}
+
+	payloads = [][]byte{[]byte(`{"tenant_id":"a"}`), []byte(`{"tenant_id":"a"}`), []byte(`{"tenant_id":"b"}`)}
+	var ids []string
+	dups := 0
+	for info, err := range e.p.EnqueueAll(ctx, tasks.TypeReportFetch, payloads, asynq.Unique(time.Minute)) {
+		switch {
+		case errors.Is(err, asynq.ErrDuplicateTask):
+			dups++
+		case err != nil:
+			t.Fatal(err)
+		default:
+			ids = append(ids, info.ID)
+		}
+	}
+	if len(ids) != 2 || dups != 1 {
+		t.Fatalf("enqueued %q with %d duplicates, want 2 and 1", ids, dups)
+	}
+	for i, want := range []string{`{"tenant_id":"a"}`, `{"tenant_id":"b"}`} {
+		if got := string(e.task(t, "default", ids[i]).Payload); got != want {
+			t.Errorf("task %d payload %s, want %s", i, got, want)
+		}
+	}
+
+	n := 0
+	for range e.p.EnqueueAll(ctx, tasks.TypeReportFetch, [][]byte{[]byte(acme), []byte(acme), []byte(acme)}) {
+		n++
+		break
+	}
+	if size, err := e.insp.GetQueueInfo("default"); err != nil || size.Pending != 3 {
+		t.Errorf("after a break at the first task: %d pending (%v), want 3", size.Pending, err)
+	}
+
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	for info, err := range e.p.EnqueueAll(cctx, tasks.TypeReportFetch, [][]byte{[]byte(acme)}) {
+		if info != nil || !errors.Is(err, context.Canceled) {
+			t.Errorf("with a cancelled context: %v, %v", info, err)
+		}
+	}
+}
+
+// TestNewRefusesBadConfig: a nil config and a config built in code with a
+// bad field are errors naming the problem, not panics.
+func TestNewRefusesBadConfig(t *testing.T) {
+	if _, err := producer.New(nil); err == nil {
+		t.Error("New(nil): no error")
+	}
+	cfg := &worker.Config{Tasks: map[string]worker.TaskConfig{"report:fetch": {Semaphore: &worker.CapConfig{Key: "legacy-api"}}}}
+	if _, err := producer.New(cfg); err == nil || !strings.Contains(err.Error(), `tasks["report:fetch"].semaphore.capacity`) {
+		t.Errorf("capacity 0: err = %v", err)
+	}
+	if _, err := producer.Open("/nonexistent/config.yaml"); err == nil || !strings.Contains(err.Error(), "/nonexistent/config.yaml") {
+		t.Errorf("Open of a missing file: err = %v", err)
+	}
+}
