@@ -11,10 +11,12 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
 
+	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
@@ -64,6 +66,7 @@ func WithValidator(taskType string, validate func(payload []byte) error) Option 
 type Producer struct {
 	cfg        *worker.Config
 	client     *asynq.Client
+	gate       *worker.Gate
 	tp         trace.TracerProvider
 	validators map[string]func(payload []byte) error
 }
@@ -108,11 +111,15 @@ func New(cfg *worker.Config, opts ...Option) (*Producer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("producer: %w", err)
 	}
-	return &Producer{cfg: cfg, client: asynq.NewClient(connOpt), tp: o.tp, validators: o.validators}, nil
+	gate, err := worker.NewGate(cfg, nil)
+	if err != nil {
+		return nil, fmt.Errorf("producer: %w", err)
+	}
+	return &Producer{cfg: cfg, client: asynq.NewClient(connOpt), gate: gate, tp: o.tp, validators: o.validators}, nil
 }
 
-// Close closes the connection to Redis.
-func (p *Producer) Close() error { return p.client.Close() }
+// Close closes the connections to Redis.
+func (p *Producer) Close() error { return errors.Join(p.client.Close(), p.gate.Close()) }
 
 // Ping checks that Redis answers.
 func (p *Producer) Ping() error { return p.client.Ping() }
@@ -186,7 +193,7 @@ func (p *Producer) EnqueueAll(ctx context.Context, taskType string, payloads [][
 func (p *Producer) send(ctx context.Context, pl *plan, payload []byte) (*asynq.TaskInfo, error) {
 	headers := map[string]string{}
 	ctx, span := monitoring.InjectTask(ctx, p.tp, pl.taskType, payload, headers)
-	info, err := p.enqueue(ctx, asynq.NewTaskWithHeaders(pl.taskType, payload, headers), pl.opts)
+	info, err := p.enqueue(ctx, pl, payload, headers)
 	monitoring.EndEnqueue(span, info, err)
 	if err != nil {
 		return nil, fmt.Errorf("producer: enqueue %s: %w", pl.taskType, err)
@@ -194,14 +201,70 @@ func (p *Producer) send(ctx context.Context, pl *plan, payload []byte) (*asynq.T
 	return info, nil
 }
 
-// enqueue puts one built task into Redis.
-func (p *Producer) enqueue(ctx context.Context, task *asynq.Task, opts []asynq.Option) (*asynq.TaskInfo, error) {
-	return p.client.EnqueueContext(ctx, task, opts...)
+// enqueue puts one checked task into Redis: in its queue, or, when a cap of
+// its type has no place for it, in that cap's waiting room, so that no
+// worker takes it while the cap is full (see worker.Gate). A task given a
+// time to run (asynq.ProcessIn, ProcessAt) or a group goes as asked.
+func (p *Producer) enqueue(ctx context.Context, pl *plan, payload []byte, headers map[string]string) (*asynq.TaskInfo, error) {
+	opts := pl.opts
+	if len(pl.caps) == 0 || !routable(opts) {
+		return p.client.EnqueueContext(ctx, asynq.NewTaskWithHeaders(pl.taskType, payload, headers), opts...)
+	}
+	id := taskIDOf(opts)
+	if id == "" {
+		id = uuid.NewString()
+		opts = append(slices.Clip(opts), asynq.TaskID(id))
+	}
+	route, err := p.gate.Route(ctx, pl.taskType, payload, pl.queue, id)
+	if err != nil {
+		return nil, err
+	}
+	if route.Waits() {
+		opts = append(slices.Clip(opts), route.Options()...)
+		name, value := route.Header()
+		headers[name] = value
+	}
+	info, err := p.client.EnqueueContext(ctx, asynq.NewTaskWithHeaders(pl.taskType, payload, headers), opts...)
+	if err != nil {
+		return nil, err // a place kept for it lapses by itself
+	}
+	if route.Waits() {
+		if err := route.Park(ctx); err != nil {
+			// It is enqueued all the same: it comes back by itself after
+			// worker.parked_retry.
+			slog.Warn("producer: park a task that waits for a seat (it comes back by itself)", "id", id, "err", err)
+		}
+	}
+	return info, nil
+}
+
+// routable reports whether a task with these options may wait in a room:
+// not one scheduled or grouped by its caller.
+func routable(opts []asynq.Option) bool {
+	for _, o := range opts {
+		switch o.Type() {
+		case asynq.ProcessAtOpt, asynq.ProcessInOpt, asynq.GroupOpt:
+			return false
+		}
+	}
+	return true
+}
+
+// taskIDOf is the task ID the options ask for, "" for none.
+func taskIDOf(opts []asynq.Option) string {
+	id := ""
+	for _, o := range opts {
+		if o.Type() == asynq.TaskIDOpt {
+			id, _ = o.Value().(string)
+		}
+	}
+	return id
 }
 
 // plan is what enqueueing a task type takes: its checks and its options.
 type plan struct {
 	taskType string
+	queue    string
 	validate func(payload []byte) error
 	caps     []worker.CapConfig
 	opts     []asynq.Option
@@ -233,6 +296,7 @@ func (p *Producer) plan(taskType string, opts []asynq.Option) (*plan, error) {
 	}
 	return &plan{
 		taskType: taskType,
+		queue:    queue,
 		validate: validate,
 		caps:     tc.Caps(),
 		opts:     append([]asynq.Option{asynq.Queue(queue), asynq.MaxRetry(maxRetry), asynq.Timeout(timeout)}, opts...),

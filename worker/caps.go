@@ -10,6 +10,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/fleetcap/fleetcap/control"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
@@ -179,13 +180,25 @@ const (
 	transitTime   = 30 * time.Second
 )
 
-// seatsFor renders the caps of a task, sorted by key: every task takes its
-// seats in the same order. Capacities are those in force (an operator's
-// override, else the config's).
+// seatsFor renders the caps of a task, sorted by key (see renderSeats),
+// and remembers rendered keys for monitoring.
 func (w *Worker) seatsFor(specs []capSpec, t *asynq.Task) ([]seat, error) {
+	seats, err := renderSeats(specs, t.Payload(), w.capacityFor)
+	for _, s := range seats {
+		if s.template != "" {
+			w.recent.touch(s.key, s.template, s.capacity)
+		}
+	}
+	return seats, err
+}
+
+// renderSeats renders the caps of a payload, sorted by key: every task
+// takes its seats in the same order. capacity gives the capacity in force
+// of a rendered key (an operator's override, else the config's).
+func renderSeats(specs []capSpec, payload []byte, capacity func(key, template string, configured int) int) ([]seat, error) {
 	seats := make([]seat, 0, len(specs))
 	for _, s := range specs {
-		key, err := s.tmpl.Render(t.Payload())
+		key, err := s.tmpl.Render(payload)
 		if err != nil {
 			return nil, err // names the template and the field
 		}
@@ -193,11 +206,7 @@ func (w *Worker) seatsFor(specs []capSpec, t *asynq.Task) ([]seat, error) {
 		if s.tmpl.IsTemplate() {
 			template = s.Key
 		}
-		capacity := w.capacityFor(key, template, s.CapacityFor(key))
-		if template != "" {
-			w.recent.touch(key, s.Key, capacity)
-		}
-		seats = append(seats, seat{spec: s, key: key, template: template, capacity: capacity})
+		seats = append(seats, seat{spec: s, key: key, template: template, capacity: capacity(key, template, s.CapacityFor(key))})
 	}
 	slices.SortFunc(seats, func(a, b seat) int { return cmp.Compare(a.key, b.key) })
 	// Two caps that render one key ("region:{from}" and "region:{to}" of
@@ -219,9 +228,13 @@ func (w *Worker) seatsFor(specs []capSpec, t *asynq.Task) ([]seat, error) {
 // capacityFor is the capacity in force of a rendered key: an operator's
 // override of the key, else of its template, else configured.
 func (w *Worker) capacityFor(key, template string, configured int) int {
-	if w.overrides == nil {
+	return capacityIn(w.overrides, key, template, configured)
+}
+
+func capacityIn(overrides *control.Reader, key, template string, configured int) int {
+	if overrides == nil {
 		return configured
 	}
-	capacity, _ := w.overrides.CapacityFor(key, template, configured)
+	capacity, _ := overrides.CapacityFor(key, template, configured)
 	return capacity
 }

@@ -1,0 +1,153 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetcap/fleetcap/control"
+	"github.com/fleetcap/fleetcap/semaphore"
+)
+
+// Gate decides where a new capped task waits before a worker takes it, for
+// producers (package producer uses it). A task whose caps all have a place
+// for it (a free seat or a standby place, fleet-wide) goes to its queue as
+// usual, its places kept for it. Any other waits in the room of the first
+// cap that has none: it is enqueued scheduled (worker.parked_retry ahead,
+// the safety net), marked with WaitsForHeader, and parked; when a place
+// frees, it is brought to the front of its queue like a task a worker
+// parked. So a capped task is not dequeued while its cap is full.
+type Gate struct {
+	cfg  *Config
+	caps *capTable
+	log  *slog.Logger
+
+	once      sync.Once
+	openErr   error
+	rdb       redis.UniversalClient
+	sem       *semaphore.Service
+	overrides *control.Reader
+}
+
+// NewGate returns a Gate for the fleet cfg describes. It does no I/O: the
+// first capped task opens its Redis client (never an embedded server of
+// its own), its semaphore and the runtime overrides.
+func NewGate(cfg *Config, log *slog.Logger) (*Gate, error) {
+	caps, err := newCapTable(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Gate{cfg: cfg, caps: caps, log: log}, nil
+}
+
+// open opens the Gate's Redis client, semaphore and overrides, once.
+func (g *Gate) open(ctx context.Context) error {
+	g.once.Do(func() {
+		if g.rdb, g.openErr = g.cfg.Redis.NewClient(); g.openErr != nil {
+			return
+		}
+		k := &waker{rdb: g.rdb, log: g.log}
+		g.sem, g.openErr = semaphore.New(g.rdb, semaphore.Options{Prefix: g.cfg.Semaphore.Prefix, DefaultTTL: g.cfg.Semaphore.DefaultTTL, Logger: g.log, OnWake: k.onWake})
+		if g.openErr != nil {
+			return
+		}
+		k.sem = g.sem
+		store, err := control.NewStore(g.rdb, control.Options{})
+		if err != nil {
+			g.openErr = err
+			return
+		}
+		if g.overrides, err = control.NewReader(ctx, store, control.ReaderOptions{Logger: g.log}); err != nil {
+			g.openErr = fmt.Errorf("runtime overrides: %w", err)
+		}
+	})
+	return g.openErr
+}
+
+// Close closes what the Gate opened.
+func (g *Gate) Close() error {
+	if g.overrides != nil {
+		g.overrides.Close()
+	}
+	if g.sem != nil {
+		_ = g.sem.Close()
+	}
+	if g.rdb != nil {
+		return g.rdb.Close()
+	}
+	return nil
+}
+
+// Route is where a new task waits: in its queue (Waits false), or in the
+// room of one of its caps.
+type Route struct {
+	g     *Gate
+	seat  seat
+	token string
+}
+
+// Waits reports whether the task waits in a room: enqueue it with Options,
+// then Park it.
+func (r Route) Waits() bool { return r.token != "" }
+
+// Options are the asynq options that keep a waiting task out of its queue
+// until it is woken; its headers must carry Header.
+func (r Route) Options() []asynq.Option {
+	return []asynq.Option{asynq.ProcessIn(r.g.cfg.Worker.ParkedRetry)}
+}
+
+// Header is the header (name, value) of a waiting task.
+func (r Route) Header() (string, string) { return WaitsForHeader, r.seat.key }
+
+// Park puts the waiting task, enqueued, in its room; it is let out at once
+// when a place freed meanwhile.
+func (r Route) Park(ctx context.Context) error {
+	return r.g.sem.Park(ctx, r.seat.key, r.seat.capacity, r.token, r.seat.room(r.g.cfg.Worker.ParkedRetry))
+}
+
+// Route decides where the task of taskType with payload, to be enqueued on
+// queue with ID id, waits. A type without caps goes to its queue.
+func (g *Gate) Route(ctx context.Context, taskType string, payload []byte, queue, id string) (Route, error) {
+	specs := g.caps.byType[taskType]
+	if len(specs) == 0 {
+		return Route{}, nil
+	}
+	if queue == "" || id == "" {
+		return Route{}, errors.New("worker: Gate.Route wants the task's queue and ID")
+	}
+	if err := g.open(ctx); err != nil {
+		return Route{}, err
+	}
+	seats, err := renderSeats(specs, payload, func(key, template string, configured int) int {
+		return capacityIn(g.overrides, key, template, configured)
+	})
+	if err != nil {
+		return Route{}, err
+	}
+	token := queue + "\x00" + id
+	for i, s := range seats {
+		ok, err := g.sem.Reserve(ctx, s.key, s.capacity, token, s.room(g.cfg.Worker.ParkedRetry))
+		if err == nil && ok {
+			continue
+		}
+		// No place here: the places kept on the caps before go to others.
+		for _, prev := range seats[:i] {
+			if derr := g.sem.Dismiss(ctx, prev.key, token); derr != nil {
+				g.log.Warn("worker: give back a place kept for a task (it lapses by itself)", "key", prev.key, "err", derr)
+			}
+		}
+		if err != nil {
+			return Route{}, err
+		}
+		return Route{g: g, seat: s, token: token}, nil
+	}
+	return Route{}, nil
+}
