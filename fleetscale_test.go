@@ -12,8 +12,6 @@ import (
 
 	"github.com/fleetcap/fleetcap/internal/redistest"
 	"github.com/fleetcap/fleetcap/internal/waitfor"
-	"github.com/fleetcap/fleetcap/producer"
-	"github.com/fleetcap/fleetcap/worker"
 )
 
 // slotCounter counts, across every worker of a fleet, the slots that hold a
@@ -76,17 +74,8 @@ tasks:
 	var counter slotCounter
 	var running, mostRunning, cappedDone, uncappedDone atomic.Int64
 	var runs sync.Map
-	for i := range workers {
-		cfg, err := worker.ParseConfig([]byte(yaml))
-		if err != nil {
-			t.Fatal(err)
-		}
-		w, err := worker.New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		w.Use(counter.middleware("capped"))
-		w.HandleFunc("capped", func(ctx context.Context, task *asynq.Task) error {
+	startWorkers(t, workers, yaml, map[string]asynq.HandlerFunc{
+		"capped": func(ctx context.Context, task *asynq.Task) error {
 			counter.start(ctx)
 			n := running.Add(1)
 			for m := mostRunning.Load(); n > m && !mostRunning.CompareAndSwap(m, n); m = mostRunning.Load() {
@@ -99,31 +88,13 @@ tasks:
 			}
 			cappedDone.Add(1)
 			return nil
-		})
-		w.HandleFunc("free", func(context.Context, *asynq.Task) error {
+		},
+		"free": func(context.Context, *asynq.Task) error {
 			uncappedDone.Add(1)
 			return nil
-		})
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- w.Run(ctx) }()
-		t.Cleanup(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("worker %d: %v", i, err)
-			}
-		})
-	}
-	cfg, err := worker.ParseConfig([]byte(yaml))
-	if err != nil {
-		t.Fatal(err)
-	}
-	anything := func([]byte) error { return nil }
-	p, err := producer.New(cfg, producer.WithValidator("capped", anything), producer.WithValidator("free", anything))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+		},
+	}, counter.middleware("capped"))
+	p := newProducer(t, yaml, "capped", "free")
 	ctx := context.Background()
 	for i := range capped {
 		if _, err := p.Enqueue(ctx, "capped", []byte(fmt.Sprintf(`{"n":%d}`, i))); err != nil {

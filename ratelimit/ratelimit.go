@@ -109,6 +109,7 @@ type Observer interface {
 // Limiter takes tokens from fleet-wide rate limits. It is safe for
 // concurrent use and holds no state besides its Redis client.
 type Limiter struct {
+	rdb    redis.UniversalClient
 	gcra   *redis_rate.Limiter
 	prefix string
 	obs    Observer
@@ -126,7 +127,7 @@ func New(rdb redis.UniversalClient, opts Options) (*Limiter, error) {
 	if strings.ContainsAny(opts.Prefix, "{}") {
 		return nil, fmt.Errorf("ratelimit: prefix %q must not contain \"{\" or \"}\" (they would break the keys' hash tag)", opts.Prefix)
 	}
-	return &Limiter{gcra: redis_rate.NewLimiter(rdb), prefix: opts.Prefix, obs: opts.Observer}, nil
+	return &Limiter{rdb: rdb, gcra: redis_rate.NewLimiter(rdb), prefix: opts.Prefix, obs: opts.Observer}, nil
 }
 
 // Take takes cost tokens of key now, or takes none and says in RetryAfter

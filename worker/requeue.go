@@ -20,11 +20,12 @@ type RequeueReason string
 
 // The reasons a capped task goes back.
 const (
-	RequeueFull       RequeueReason = "full"       // no seat and no standby place: parked
-	RequeueTimeout    RequeueReason = "timeout"    // stood by its wait_timeout without a seat: parked
-	RequeueShutdown   RequeueReason = "shutdown"   // the worker shut down while it stood by: parked
-	RequeueLeaseLost  RequeueReason = "lease_lost" // its seat was lost while it ran
-	RequeueStoreError RequeueReason = "error"      // the store failed
+	RequeueFull        RequeueReason = "full"         // no seat and no standby place: parked
+	RequeueTimeout     RequeueReason = "timeout"      // stood by its wait_timeout without a seat: parked
+	RequeueShutdown    RequeueReason = "shutdown"     // the worker shut down while it stood by: parked
+	RequeueLeaseLost   RequeueReason = "lease_lost"   // its seat was lost while it ran
+	RequeueRateLimited RequeueReason = "rate_limited" // a rate limit had no token: parked
+	RequeueStoreError  RequeueReason = "error"        // the store failed
 	// requeueCanceled: asynq itself ends the task (its deadline, or the
 	// end of a shutdown); its error goes back as it is.
 	requeueCanceled RequeueReason = "canceled"
@@ -70,14 +71,18 @@ func (w *Worker) delay(rq *requeueRequest) time.Duration {
 // its queue without a seat. asynq does not count it as a failure (see
 // IsFailure) and brings the task back after Delay (see RetryDelay).
 type RequeueError struct {
-	Key   string        // the semaphore that had no seat
+	Key   string        // the semaphore that had no seat, or the rate limit that had no token
 	Why   RequeueReason // why the task went back
 	Delay time.Duration // until asynq brings the task back by itself
 	Err   error         // the cause, if any
 }
 
 func (e *RequeueError) Error() string {
-	msg := fmt.Sprintf("%s (%s)", requeueMark(e.Key), e.Why)
+	mark := requeueMark(e.Key)
+	if e.Why == RequeueRateLimited {
+		mark = rateMark(e.Key)
+	}
+	msg := fmt.Sprintf("%s (%s)", mark, e.Why)
 	if e.Err != nil {
 		msg += ": " + e.Err.Error()
 	}
@@ -92,6 +97,11 @@ func (e *RequeueError) Unwrap() error { return e.Err }
 // task that still waits for a seat of key (see wake.go).
 func requeueMark(key string) string {
 	return fmt.Sprintf("fleetcap: requeued without a seat of %q", key)
+}
+
+// rateMark is requeueMark for a task that waits for a rate limit's tokens.
+func rateMark(key string) string {
+	return fmt.Sprintf("fleetcap: requeued without tokens of %q", key)
 }
 
 // IsFailure is the asynq Config.IsFailure of fleetcap workers: a requeue for

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/hibiken/asynq"
 
@@ -29,11 +30,11 @@ type heldSeat struct {
 	permit *semaphore.Permit
 }
 
-// capped wraps h in the caps of taskType, if it has any.
+// capped wraps h in the caps and rate limits of taskType, if it has any.
 func (w *Worker) capped(taskType string, h asynq.Handler) asynq.Handler {
 	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
-		specs := w.caps.byType[taskType]
-		if len(specs) == 0 {
+		specs, rateSpecs := w.caps.byType[taskType], w.rates[taskType]
+		if len(specs) == 0 && len(rateSpecs) == 0 {
 			return h.ProcessTask(ctx, t)
 		}
 		seats, err := w.seatsFor(specs, t)
@@ -41,16 +42,54 @@ func (w *Worker) capped(taskType string, h asynq.Handler) asynq.Handler {
 			// Never run a task without its cap: its payload is broken.
 			return fmt.Errorf("worker: task %s not run: its payload cannot render its semaphore key: %w: %w", taskType, err, asynq.SkipRetry)
 		}
-		token := waitToken(ctx)
+		rates, err := w.ratesFor(rateSpecs, t.Payload())
+		if err != nil {
+			return fmt.Errorf("worker: task %s not run: its payload cannot render its rate limit key: %w: %w", taskType, err, asynq.SkipRetry)
+		}
+		held, rq := w.takeSeatsAndTokens(ctx, seats, rates, waitToken(ctx))
+		if rq != nil {
+			return w.requeue(ctx, taskType, t, rq)
+		}
+		return w.runHolding(ctx, taskType, t, h, held)
+	})
+}
+
+// takeSeatsAndTokens takes the task's seats, then its tokens. Without
+// tokens it gives the seats back, and waits for the tokens (mode wait,
+// within wait_timeout) or goes back parked in the rate limit's room.
+func (w *Worker) takeSeatsAndTokens(ctx context.Context, seats []seat, rates []rateTake, token string) ([]heldSeat, *requeueRequest) {
+	var waitUntil time.Time
+	for {
 		held, rq := w.takeSeats(ctx, seats, token)
 		if rq != nil {
 			if rq.parked() {
 				w.leaveOtherRooms(ctx, seats, rq.key, token)
 			}
-			return w.requeue(ctx, taskType, t, rq)
+			return nil, rq
 		}
-		return w.runHolding(ctx, taskType, t, h, held)
-	})
+		if len(rates) == 0 {
+			return held, nil
+		}
+		limited, due, err := w.takeTokens(ctx, rates)
+		if err == nil && limited == nil {
+			return held, nil
+		}
+		for _, hs := range held {
+			w.release(ctx, hs.key, hs.permit)
+		}
+		if err != nil {
+			return nil, &requeueRequest{key: rates[0].key, why: RequeueStoreError, err: err}
+		}
+		if limited.spec.Mode == ModeWait {
+			if waitUntil.IsZero() {
+				waitUntil = time.Now().Add(limited.spec.WaitTimeout)
+			}
+			if waitForTokens(ctx, due, waitUntil) {
+				continue
+			}
+		}
+		return nil, w.parkForTokens(ctx, limited, token)
+	}
 }
 
 // waitToken is a task's token in the waiting rooms of its caps: its queue

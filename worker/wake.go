@@ -34,7 +34,7 @@ func (k *waker) onWake(key string, tokens []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), storeCallTimeout)
 	defer cancel()
 	for _, token := range tokens {
-		if !k.bringBack(ctx, key, token) {
+		if !k.bringBack(ctx, requeueMark(key), token) {
 			// Not waiting any more: its place goes to the next token,
 			// handed to onWake again.
 			if err := k.sem.Dismiss(ctx, key, token); err != nil {
@@ -45,17 +45,18 @@ func (k *waker) onWake(key string, tokens []string) {
 }
 
 // bringBack moves the task of token to its queue; false when it no longer
-// waits for a seat of key. A task that is still in its handler (parking
-// itself) or not enqueued yet (its producer parks it) is waited for a
-// moment; if it does not show up, its place lapses back to the room.
-func (k *waker) bringBack(ctx context.Context, key, token string) bool {
+// waits (its message lacks mark, the start of the requeue error it waits
+// with). A task that is still in its handler (parking itself) or not
+// enqueued yet (its producer parks it) is waited for a moment; if it does
+// not show up, its place lapses back to the room.
+func (k *waker) bringBack(ctx context.Context, mark, token string) bool {
 	queue, id, ok := strings.Cut(token, "\x00")
 	if !ok {
 		return false
 	}
 	deadline := time.Now().Add(200 * time.Millisecond)
 	for {
-		res, err := asynqx.Wake(ctx, k.rdb, queue, id, requeueMark(key), WaitsForHeader)
+		res, err := asynqx.Wake(ctx, k.rdb, queue, id, mark, WaitsForHeader)
 		switch {
 		case err != nil:
 			k.log.Warn("worker: wake a parked task (it comes back by itself)", "queue", queue, "id", id, "err", err)

@@ -23,6 +23,7 @@ import (
 
 	"github.com/fleetcap/fleetcap/control"
 	"github.com/fleetcap/fleetcap/internal/asynqx"
+	"github.com/fleetcap/fleetcap/ratelimit"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
@@ -75,6 +76,10 @@ type Worker struct {
 	mux       *asynq.ServeMux
 	server    *asynqx.ServerClient // the asynq server's Redis client
 	caps      *capTable
+	rates     rateTable
+	limiter   *ratelimit.Limiter
+	rateWakes rateWakes
+	runCtx    context.Context // the serving worker's: done at shutdown
 	waker     *waker
 	rooms     roomKeys
 	recent    *recentKeys
@@ -118,6 +123,9 @@ func New(cfg *Config, opts ...Option) (*Worker, error) {
 		return nil, err
 	}
 	w.caps = caps
+	if w.rates, err = newRateTable(cfg); err != nil {
+		return nil, err
+	}
 
 	if cfg.Redis.Embedded() {
 		if err := w.startEmbedded(); err != nil {
@@ -153,6 +161,10 @@ func (w *Worker) connect() error {
 		Observer:       obs,
 	})
 	if err != nil {
+		return err
+	}
+	rateObs, _ := w.opts.observer.(ratelimit.Observer)
+	if w.limiter, err = ratelimit.New(w.rdb, ratelimit.Options{Observer: rateObs}); err != nil {
 		return err
 	}
 	w.insp = asynq.NewInspector(w.connOpt)
@@ -244,6 +256,9 @@ func (w *Worker) Config() *Config { return w.cfg }
 // (for monitoring).
 func (w *Worker) Overrides() *control.Reader { return w.overrides }
 
+// Limiter is the worker's rate limiter (for monitoring).
+func (w *Worker) Limiter() *ratelimit.Limiter { return w.limiter }
+
 // Close frees what New opened; Run calls it when it returns.
 func (w *Worker) Close() {
 	w.closeOnce.Do(func() {
@@ -297,11 +312,12 @@ func (w *Worker) Run(ctx context.Context) error {
 	for i := len(mws) - 1; i >= 0; i-- {
 		handler = mws[i](handler)
 	}
+	recoverCtx, stopRecover := context.WithCancel(context.Background())
+	defer stopRecover()
+	w.runCtx = recoverCtx // before any handler runs
 	if err := srv.Start(handler); err != nil {
 		return fmt.Errorf("worker: start: %w", err)
 	}
-	recoverCtx, stopRecover := context.WithCancel(context.Background())
-	defer stopRecover()
 	go w.recoverLoop(recoverCtx)
 	w.log.Info("worker: serving", "queues", w.cfg.Worker.Queues, "concurrency", w.cfg.Worker.Concurrency,
 		"capped_task_types", w.caps.types(), "embedded_redis", w.embedded != nil)

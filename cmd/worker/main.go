@@ -23,9 +23,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/fleetcap/fleetcap/control"
 	"github.com/fleetcap/fleetcap/monitoring"
-	"github.com/fleetcap/fleetcap/ratelimit"
 	"github.com/fleetcap/fleetcap/tasks"
 	"github.com/fleetcap/fleetcap/worker"
 )
@@ -141,26 +139,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	reg.MustRegister(monitoring.NewQueueCollector(w.Inspector(), monitoring.QueueCollectorOptions{Logger: logger}))
 
-	// The rate limiter and the runtime overrides, for the monitoring server.
-	rdb, err := cfg.Redis.NewClient()
-	if err != nil {
-		return err
-	}
-	defer rdb.Close()
-	limiter, err := ratelimit.New(rdb, ratelimit.Options{Observer: metrics})
-	if err != nil {
-		return err
-	}
-	store, err := control.NewStore(rdb, control.Options{})
-	if err != nil {
-		return err
-	}
-	overrides, err := control.NewReader(ctx, store, control.ReaderOptions{Logger: logger})
-	if err != nil {
-		return fmt.Errorf("worker: runtime overrides: %w", err)
-	}
-	defer overrides.Close()
-
 	srv, err := monitoring.NewServer(monitoring.ServerOptions{
 		Addr:      cfg.Monitoring.Addr,
 		Gatherer:  reg,
@@ -177,7 +155,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			k, ok := keys.LookupCap(key)
 			return monitoring.KeyInfo{Key: k.Key, Capacity: k.Capacity, Template: k.Template}, ok
 		},
-		RateLimiter: limiter,
+		RateLimiter: w.Limiter(),
 		RateKeys: func(context.Context) ([]monitoring.RateKeyInfo, error) {
 			declared := keys.RateKeys()
 			out := make([]monitoring.RateKeyInfo, len(declared))
@@ -190,7 +168,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			k, ok := keys.LookupRate(key)
 			return rateKeyInfo(k), ok
 		},
-		Overrides:        overrides,
+		Overrides:        w.Overrides(),
 		AdminToken:       cfg.Monitoring.AdminToken,
 		RedisConnOpt:     w.RedisConnOpt(),
 		AsynqmonWritable: !cfg.Monitoring.ReadOnly(),

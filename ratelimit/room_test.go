@@ -1,0 +1,76 @@
+package ratelimit_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/ratelimit"
+)
+
+// TestRoomHandsOutOneTokenPerInterval: tokens parked in a key's room are
+// handed out in arrival order (a token parked again keeps its place), one
+// per interval the limit earns the cost in, once the tokens are due, and
+// however many callers ask at once.
+func TestRoomHandsOutOneTokenPerInterval(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	l, err := ratelimit.New(srv.Client(), ratelimit.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit := ratelimit.Limit{Rate: 20, Per: time.Second, Burst: 1} // one token per 50 ms
+	key := t.Name()
+	if _, _, err := l.NextDue(ctx, key, limit, 1); !errors.Is(err, ratelimit.ErrRoomEmpty) {
+		t.Fatalf("NextDue of an empty room: %v, want ErrRoomEmpty", err)
+	}
+	for _, token := range []string{"a", "b", "a", "c"} {
+		if err := l.Park(ctx, key, token, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if res, err := l.Take(ctx, key, limit, 1); err != nil || !res.Allowed {
+		t.Fatalf("the burst: %+v, %v", res, err)
+	}
+	// Not due: nobody is handed out, and NextDue says how long to wait.
+	token, wait, err := l.NextDue(ctx, key, limit, 1)
+	if err != nil || token != "" || wait <= 0 || wait > 50*time.Millisecond {
+		t.Fatalf("NextDue before the token is due = %q, %s, %v", token, wait, err)
+	}
+	var got []string
+	deadline := time.Now().Add(5 * time.Second)
+	for len(got) < 3 && time.Now().Before(deadline) {
+		// Three callers ask together: one token at most per due interval.
+		handed := 0
+		for range 3 {
+			token, w, err := l.NextDue(ctx, key, limit, 1)
+			if errors.Is(err, ratelimit.ErrRoomEmpty) && len(got) == 3 {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if token != "" {
+				handed++
+				got = append(got, token)
+				if _, err := l.Take(ctx, key, limit, 1); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				wait = w
+			}
+		}
+		if handed > 1 {
+			t.Fatalf("%d tokens handed out at once", handed)
+		}
+		time.Sleep(wait) // the time NextDue said; it is the event itself
+	}
+	if len(got) != 3 || got[0] != "a" || got[1] != "b" || got[2] != "c" {
+		t.Fatalf("handed out %v, want [a b c]", got)
+	}
+	if _, _, err := l.NextDue(ctx, key, limit, 1); !errors.Is(err, ratelimit.ErrRoomEmpty) {
+		t.Fatalf("NextDue after the last: %v, want ErrRoomEmpty", err)
+	}
+}

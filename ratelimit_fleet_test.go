@@ -1,0 +1,276 @@
+package fleetcap_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/internal/waitfor"
+	"github.com/fleetcap/fleetcap/monitoring"
+	"github.com/fleetcap/fleetcap/worker"
+)
+
+// rateFleetYAML is the config of a fleet of in-process workers with one
+// task type "job" declared by decl (indented for tasks.job).
+func rateFleetYAML(redisURL string, slots int, decl string) string {
+	return fmt.Sprintf(`redis: {url: %q}
+worker: {concurrency: %d, shutdown_timeout: 3s, parked_retry: 10s}
+monitoring: {addr: "127.0.0.1:0", admin_token: secret}
+tasks:
+  job:
+    max_retry: 3
+%s`, redisURL, slots, decl)
+}
+
+// enqueueJobs enqueues n tasks of type job through p with payload(i);
+// every third has max_retry 0, which a rate limit must not archive either.
+func enqueueJobs(t *testing.T, p interface {
+	Enqueue(context.Context, string, []byte, ...asynq.Option) (*asynq.TaskInfo, error)
+}, n int, payload func(i int) string) {
+	t.Helper()
+	for i := range n {
+		var opts []asynq.Option
+		if i%3 == 0 {
+			opts = append(opts, asynq.MaxRetry(0))
+		}
+		if _, err := p.Enqueue(context.Background(), "job", []byte(payload(i)), opts...); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func noneArchivedIn(t *testing.T, srv *redistest.Server) {
+	t.Helper()
+	insp := asynq.NewInspector(asynq.RedisClientOpt{Addr: srv.Addr()})
+	defer insp.Close()
+	info, err := insp.GetQueueInfo("default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Archived != 0 {
+		t.Fatalf("%d tasks archived", info.Archived)
+	}
+}
+
+// TestRateLimitHoldsFleetWide: three workers of ten slots share a limit of
+// 20 tasks a second with a burst of 5, over a backlog of 120 tasks (a third
+// with max_retry 0): no window of one second sees more than rate + burst
+// starts, the fleet runs within 10% of the rate while the backlog waits,
+// every task runs once, none is archived.
+func TestRateLimitHoldsFleetWide(t *testing.T) {
+	const tasks, rate, burst = 120, 20, 5
+	srv := redistest.Start(t)
+	yaml := rateFleetYAML(srv.URL(), 10, fmt.Sprintf("    rate_limits: [{key: api, rate: %d, per: 1s, burst: %d}]\n", rate, burst))
+	log := newStartLog()
+	startWorkers(t, 3, yaml, map[string]asynq.HandlerFunc{"job": log.handler(0, nil)})
+	enqueueJobs(t, newProducer(t, yaml, "job"), tasks, func(i int) string { return fmt.Sprintf(`{"i":%d}`, i) })
+	waitfor.Condition(t, 60*time.Second, "every task runs", func() bool { return log.done() == tasks })
+	starts := log.startsOf("")
+	most, got := mostInWindow(starts, time.Second), rateOver(starts, burst)
+	t.Logf("%d starts, at most %d in a second, %.1f a second after the burst (rate %d)", len(starts), most, got, rate)
+	if most > rate+burst {
+		t.Errorf("%d starts in one second: more than rate + burst = %d", most, rate+burst)
+	}
+	if got < 0.9*rate || got > 1.1*rate {
+		t.Errorf("the fleet ran %.1f tasks a second while the backlog waited: not within 10%% of %d", got, rate)
+	}
+	if twice := log.ranTwice(); len(twice) > 0 {
+		t.Errorf("ran more than once: %v", twice)
+	}
+	noneArchivedIn(t, srv)
+}
+
+// TestRateTemplatesDoNotSlowEachOther: a per-tenant template gives every
+// tenant its own tokens: two tenants with a backlog each run at their own
+// rate at the same time.
+func TestRateTemplatesDoNotSlowEachOther(t *testing.T) {
+	const perTenant, rate, burst = 40, 10, 2
+	srv := redistest.Start(t)
+	yaml := rateFleetYAML(srv.URL(), 10, fmt.Sprintf("    rate_limits: [{key: \"tenant:{tenant}\", rate: %d, per: 1s, burst: %d}]\n", rate, burst))
+	tenantOf := func(payload []byte) string {
+		var p struct{ Tenant string }
+		_ = json.Unmarshal(payload, &p)
+		return p.Tenant
+	}
+	log := newStartLog()
+	startWorkers(t, 3, yaml, map[string]asynq.HandlerFunc{"job": log.handler(0, tenantOf)})
+	enqueueJobs(t, newProducer(t, yaml, "job"), 2*perTenant, func(i int) string { return fmt.Sprintf(`{"tenant":"t%d","i":%d}`, i%2, i) })
+	waitfor.Condition(t, 60*time.Second, "every task runs", func() bool { return log.done() == 2*perTenant })
+	for _, tenant := range []string{"t0", "t1"} {
+		starts := log.startsOf(tenant)
+		got := rateOver(starts, burst)
+		t.Logf("tenant %s: %d starts, %.1f a second, at most %d in a second", tenant, len(starts), got, mostInWindow(starts, time.Second))
+		if got < 0.9*rate || got > 1.1*rate {
+			t.Errorf("tenant %s ran %.1f tasks a second beside the other: not within 10%% of its own %d", tenant, got, rate)
+		}
+		if m := mostInWindow(starts, time.Second); m > rate+burst {
+			t.Errorf("tenant %s: %d starts in one second, more than %d", tenant, m, rate+burst)
+		}
+	}
+	noneArchivedIn(t, srv)
+}
+
+// TestRateLimitAndCapBothHold: a task type with a cap of 3 and a rate of
+// 15 a second: never more than 3 run at once, never more than rate + burst
+// start in a second, and the rate, not the cap (3 tasks of 50 ms allow 60
+// a second), is what paces the backlog.
+func TestRateLimitAndCapBothHold(t *testing.T) {
+	const tasks, capacity, rate, burst = 90, 3, 15, 3
+	srv := redistest.Start(t)
+	yaml := rateFleetYAML(srv.URL(), 10, fmt.Sprintf("    semaphore: {key: api-conns, capacity: %d, ttl: 10s}\n    rate_limits: [{key: api-calls, rate: %d, per: 1s, burst: %d}]\n", capacity, rate, burst))
+	log := newStartLog()
+	startWorkers(t, 3, yaml, map[string]asynq.HandlerFunc{"job": log.handler(50*time.Millisecond, nil)})
+	enqueueJobs(t, newProducer(t, yaml, "job"), tasks, func(i int) string { return fmt.Sprintf(`{"i":%d}`, i) })
+	waitfor.Condition(t, 60*time.Second, "every task runs", func() bool { return log.done() == tasks })
+	starts := log.startsOf("")
+	got := rateOver(starts, burst)
+	t.Logf("at most %d at once, at most %d starts in a second, %.1f a second", log.most.Load(), mostInWindow(starts, time.Second), got)
+	if m := log.most.Load(); m > capacity {
+		t.Errorf("cap exceeded: %d ran at once, capacity %d", m, capacity)
+	}
+	if m := mostInWindow(starts, time.Second); m > rate+burst {
+		t.Errorf("%d starts in one second, more than rate + burst = %d", m, rate+burst)
+	}
+	if got < 0.9*rate || got > 1.1*rate {
+		t.Errorf("%.1f tasks a second: the rate (%d) should pace the backlog", got, rate)
+	}
+	noneArchivedIn(t, srv)
+}
+
+// TestCapOverrideAppliesFleetWide: an operator lowers, pauses and restores
+// a cap through one worker's monitoring API; another worker applies each
+// change within a second; nothing is lost or archived.
+func TestCapOverrideAppliesFleetWide(t *testing.T) {
+	const tasks, capacity = 60, 4
+	srv := redistest.Start(t)
+	yaml := rateFleetYAML(srv.URL(), 6, fmt.Sprintf("    semaphore: {key: api, capacity: %d, ttl: 10s, wait_timeout: 2s}\n", capacity))
+	log := newStartLog()
+	ws := startWorkers(t, 2, yaml, map[string]asynq.HandlerFunc{"job": log.handler(100*time.Millisecond, nil)})
+	api := serveAPI(t, ws[0], yaml)
+	enqueueJobs(t, newProducer(t, yaml, "job"), tasks, func(i int) string { return fmt.Sprintf(`{"i":%d}`, i) })
+	waitfor.Condition(t, 10*time.Second, "the cap is reached", func() bool { return log.running.Load() == capacity })
+
+	// Watch how many run at once from now on, sampled every few ms.
+	type sample struct {
+		at      time.Time
+		running int64
+		done    int
+	}
+	var samples []sample
+	watch := func(d time.Duration) {
+		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(2 * time.Millisecond) {
+			samples = append(samples, sample{time.Now(), log.running.Load(), log.done()})
+		}
+	}
+	since := func(t0 time.Time) []sample {
+		var out []sample
+		for _, s := range samples {
+			if s.at.After(t0) {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+	lowered := api.put(t, "/api/semaphores/api/capacity", `{"capacity": 1}`)
+	watch(1500 * time.Millisecond)
+	for _, s := range since(lowered.Add(time.Second)) {
+		if s.running > 1 {
+			t.Fatalf("%s after lowering the cap to 1, %d tasks ran at once", s.at.Sub(lowered).Round(time.Millisecond), s.running)
+		}
+	}
+	paused := api.put(t, "/api/semaphores/api/capacity", `{"capacity": 0}`)
+	watch(1500 * time.Millisecond)
+	later := since(paused.Add(time.Second))
+	if len(later) == 0 {
+		t.Fatal("no sample after the pause")
+	}
+	if first, last := later[0], later[len(later)-1]; first.running != 0 || last.done != first.done {
+		t.Fatalf("a paused cap still ran tasks a second after the pause: %+v ... %+v", first, last)
+	}
+	pausedAt := log.done()
+	restored := api.del(t, "/api/semaphores/api/capacity")
+	waitfor.Condition(t, time.Second, "tasks run again within a second of the restore", func() bool { return log.done() > pausedAt || log.running.Load() > 0 })
+	t.Logf("lowered, paused (%d of %d done) and restored; running again %s after the restore", pausedAt, tasks, time.Since(restored).Round(time.Millisecond))
+	waitfor.Condition(t, 60*time.Second, "every task runs", func() bool { return log.done() == tasks })
+	if twice := log.ranTwice(); len(twice) > 0 {
+		t.Errorf("ran more than once: %v", twice)
+	}
+	noneArchivedIn(t, srv)
+}
+
+// adminAPI is a worker's monitoring server, reached with the admin token.
+type adminAPI struct{ url string }
+
+// serveAPI serves w's monitoring API (as cmd/worker does) until the test
+// ends.
+func serveAPI(t *testing.T, w *worker.Worker, yaml string) adminAPI {
+	t.Helper()
+	cfg, err := worker.ParseConfig([]byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := worker.NewKeyIndex(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := monitoring.NewServer(monitoring.ServerOptions{
+		Semaphore: w.Semaphore(),
+		Keys: func(context.Context) ([]monitoring.KeyInfo, error) {
+			var out []monitoring.KeyInfo
+			for _, k := range w.DeclaredKeys() {
+				out = append(out, monitoring.KeyInfo{Key: k.Key, Capacity: k.Capacity, Template: k.Template})
+			}
+			return out, nil
+		},
+		LookupKey: func(key string) (monitoring.KeyInfo, bool) {
+			k, ok := keys.LookupCap(key)
+			return monitoring.KeyInfo{Key: k.Key, Capacity: k.Capacity, Template: k.Template}, ok
+		},
+		Overrides:  w.Overrides(),
+		AdminToken: "secret",
+		Ready:      w.Ping,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(hs.Close)
+	return adminAPI{url: hs.URL}
+}
+
+func (a adminAPI) put(t *testing.T, path, body string) time.Time {
+	t.Helper()
+	return a.do(t, http.MethodPut, path, body)
+}
+
+func (a adminAPI) del(t *testing.T, path string) time.Time {
+	t.Helper()
+	return a.do(t, http.MethodDelete, path, "")
+}
+
+// do sends the request and returns when the answer came.
+func (a adminAPI) do(t *testing.T, method, path, body string) time.Time {
+	t.Helper()
+	req, err := http.NewRequest(method, a.url+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer secret")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("%s %s: %s", method, path, resp.Status)
+	}
+	return time.Now()
+}
