@@ -274,3 +274,26 @@ func (a adminAPI) do(t *testing.T, method, path, body string) time.Time {
 	}
 	return time.Now()
 }
+
+// TestRateWakeIsPrompt: tasks that found no token are brought back within
+// 50 ms of the moment their tokens are due: with one token every 500 ms
+// and a backlog, each task starts 500 to 550 ms after the one before it.
+func TestRateWakeIsPrompt(t *testing.T) {
+	const tasks, interval, slack = 6, 500 * time.Millisecond, 50 * time.Millisecond
+	srv := redistest.Start(t)
+	yaml := rateFleetYAML(srv.URL(), 4, "    rate_limits: [{key: slow, rate: 2, per: 1s, burst: 1}]\n")
+	log := newStartLog()
+	startWorkers(t, 2, yaml, map[string]asynq.HandlerFunc{"job": log.handler(0, nil)})
+	enqueueJobs(t, newProducer(t, yaml, "job"), tasks, func(i int) string { return fmt.Sprintf(`{"i":%d}`, i) })
+	waitfor.Condition(t, 30*time.Second, "every task runs", func() bool { return log.done() == tasks })
+	starts := log.startsOf("")
+	for i := 1; i < len(starts); i++ {
+		gap := starts[i].Sub(starts[i-1])
+		t.Logf("start %d: %s after the one before", i, gap.Round(time.Millisecond))
+		// The server's clock and ours agree within a millisecond on loopback.
+		if gap < interval-5*time.Millisecond || gap > interval+slack {
+			t.Errorf("task %d started %s after the one before; its token was due %s after", i, gap.Round(time.Millisecond), interval)
+		}
+	}
+	noneArchivedIn(t, srv)
+}
