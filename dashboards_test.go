@@ -250,6 +250,7 @@ monitoring: {addr: "127.0.0.1:0"}
 tasks:
   report:fetch:
     semaphore: {key: legacy-api, capacity: 1, ttl: 3s}
+    rate_limits: [{key: reports, rate: 1, per: 1m, burst: 1}]
 `, srv.URL()))
 	env := []string{"FLEETCAP_REDIS_URL=", "FLEETCAP_ADMIN_TOKEN=" + token}
 	w, base := startWorker(t, env, cfg)
