@@ -89,8 +89,7 @@ type Options struct {
 	Observer Observer
 }
 
-// TakeEvent describes one Take call that reached Redis, or a Peek that
-// found the tokens not due.
+// TakeEvent describes one Take call that reached Redis.
 type TakeEvent struct {
 	Key        string
 	Cost       int
@@ -154,8 +153,7 @@ func (l *Limiter) Take(ctx context.Context, key string, limit Limit, cost int) (
 // Peek says whether cost tokens of key could be taken now and, if not, how
 // long until they are due, without spending any: a waiting task can sleep
 // until its tokens are due and only then Take them. Remaining is the tokens
-// available now. A refusal is reported to the Observer as a limited take
-// (an allowed Peek reports nothing: the Take that follows does).
+// available now.
 func (l *Limiter) Peek(ctx context.Context, key string, limit Limit, cost int) (Result, error) {
 	if err := checkArgs(key, limit, cost); err != nil {
 		return Result{}, err
@@ -174,11 +172,7 @@ func (l *Limiter) Peek(ctx context.Context, key string, limit Limit, cost int) (
 	if wait <= 0 {
 		return Result{Allowed: true, Remaining: remaining}, nil
 	}
-	res := Result{Remaining: remaining, RetryAfter: ceilMicro(wait)}
-	if l.obs != nil {
-		l.obs.Take(TakeEvent{Key: key, Cost: cost, Allowed: false, Remaining: remaining, RetryAfter: res.RetryAfter})
-	}
-	return res, nil
+	return Result{Remaining: remaining, RetryAfter: ceilMicro(wait)}, nil
 }
 
 // Reset forgets what was taken from key: it is back at full burst.

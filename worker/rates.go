@@ -66,11 +66,22 @@ func (w *Worker) ratesFor(specs []rateSpec, payload []byte) ([]rateTake, error) 
 		template := ""
 		if s.tmpl.IsTemplate() {
 			template = s.Key
+			w.recentRates.touch(key, template, 0)
 		}
 		out = append(out, rateTake{spec: s, key: key, template: template, limit: w.limitFor(key, template, s.LimitFor(key))})
 	}
 	slices.SortFunc(out, func(a, b rateTake) int { return cmp.Compare(a.key, b.key) })
 	return out, nil
+}
+
+// RenderedRateKeys lists the rate-limit keys this process rendered from
+// templates lately (the 200 it used last), for the monitoring page.
+func (w *Worker) RenderedRateKeys() []string {
+	var out []string
+	for _, k := range w.recentRates.list() {
+		out = append(out, k.Key)
+	}
+	return out
 }
 
 // limitFor is the limit in force of a rendered key: an operator's override
@@ -94,6 +105,11 @@ func (w *Worker) takeTokens(ctx context.Context, rates []rateTake) (*rateTake, t
 			return nil, 0, err
 		}
 		if !res.Allowed {
+			// A refusal found by the peek is a limited take for the
+			// metrics (the page's own peeks are not).
+			if w.rateObs != nil {
+				w.rateObs.Take(ratelimit.TakeEvent{Key: r.key, Cost: r.spec.Cost, Remaining: res.Remaining, RetryAfter: res.RetryAfter})
+			}
 			return &rates[i], res.RetryAfter, nil
 		}
 	}

@@ -78,13 +78,16 @@ type Worker struct {
 	caps      *capTable
 	rates     rateTable
 	limiter   *ratelimit.Limiter
+	rateObs   ratelimit.Observer // nil: none
 	rateWakes rateWakes
-	runCtx    context.Context // the serving worker's: done at shutdown
-	waker     *waker
-	rooms     roomKeys
-	recent    *recentKeys
-	overrides *control.Reader // operators' capacity and rate overrides
-	asynqLog  *asynqLogger
+	// recentRates are the rate-limit keys rendered lately (for monitoring)
+	recentRates *recentKeys
+	runCtx      context.Context // the serving worker's: done at shutdown
+	waker       *waker
+	rooms       roomKeys
+	recent      *recentKeys
+	overrides   *control.Reader // operators' capacity and rate overrides
+	asynqLog    *asynqLogger
 
 	embeddedStop sync.Once // stopEmbedded saves once
 	embeddedErr  error     // and what it returned
@@ -106,7 +109,7 @@ func New(cfg *Config, opts ...Option) (*Worker, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	w := &Worker{cfg: cfg, mux: asynq.NewServeMux(), recent: newRecentKeys()}
+	w := &Worker{cfg: cfg, mux: asynq.NewServeMux(), recent: newRecentKeys(), recentRates: newRecentKeys()}
 	for _, o := range opts {
 		o(&w.opts)
 	}
@@ -163,8 +166,8 @@ func (w *Worker) connect() error {
 	if err != nil {
 		return err
 	}
-	rateObs, _ := w.opts.observer.(ratelimit.Observer)
-	if w.limiter, err = ratelimit.New(w.rdb, ratelimit.Options{Observer: rateObs}); err != nil {
+	w.rateObs, _ = w.opts.observer.(ratelimit.Observer)
+	if w.limiter, err = ratelimit.New(w.rdb, ratelimit.Options{Observer: w.rateObs}); err != nil {
 		return err
 	}
 	w.insp = asynq.NewInspector(w.connOpt)

@@ -8,9 +8,14 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fleetcap/fleetcap/control"
 	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/internal/waitfor"
+	"github.com/fleetcap/fleetcap/producer"
+	"github.com/fleetcap/fleetcap/tasks"
+	"github.com/fleetcap/fleetcap/worker"
 )
 
 // TestOverridesThroughTheWorkersAPI: the worker serves the override API
@@ -84,4 +89,23 @@ tasks:
 	if got := strings.Join(kinds, ", "); !strings.Contains(got, "semaphore legacy-api") || !strings.Contains(got, "rate reports:{tenant_id}") {
 		t.Errorf("rows = %s, want the caps and the rate limit's template", got)
 	}
+
+	// A task that takes tokens of a rendered key puts that key on the page,
+	// under its template (the busiest ones are listed while in use).
+	cfg, err := worker.LoadConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := producer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if _, err := p.Enqueue(context.Background(), tasks.TypeReportFetch, []byte(`{"tenant_id":"globex","duration_ms":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	waitfor.Condition(t, 20*time.Second, "the template's row counts the rendered rate-limit key", func() bool {
+		_, body := send("GET", "/api/semaphores", "")
+		return strings.Contains(body, `"key":"reports:{tenant_id}","rate":10,"per":"1s","burst":4,"configured":{"rate":10,"per":"1s","burst":4},"override":false,"template":true,"keys":1`)
+	})
 }

@@ -158,9 +158,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		RateLimiter: w.Limiter(),
 		RateKeys: func(context.Context) ([]monitoring.RateKeyInfo, error) {
 			declared := keys.RateKeys()
-			out := make([]monitoring.RateKeyInfo, len(declared))
-			for i, k := range declared {
-				out[i] = rateKeyInfo(k)
+			out := make([]monitoring.RateKeyInfo, 0, len(declared))
+			for _, k := range declared {
+				out = append(out, rateKeyInfo(k))
+			}
+			for _, key := range w.RenderedRateKeys() {
+				if k, ok := keys.LookupRate(key); ok {
+					out = append(out, rateKeyInfo(k))
+				}
 			}
 			return out, nil
 		},
