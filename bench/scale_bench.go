@@ -3,9 +3,13 @@ package main
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetcap/fleetcap/internal/probeworker/probe"
 )
@@ -142,4 +146,105 @@ func (sc s7Params) run(ctx context.Context, r *fleetRun, variant string) (map[st
 		line["max_inflight"] = peaks[probe.Type] // of the capped type
 	}
 	return line, rate, nil
+}
+
+// runS9 is the idle fleet and its pickup: 20 processes of 10 slots wait on
+// an empty queue for 5 s (the Redis commands they cost meanwhile, all
+// together), then 200 tasks of 1 ms are enqueued 10 ms apart (the time
+// from each enqueue to its handler's start).
+func runS9(ctx context.Context, env *benchEnv) error {
+	const procs, conc, tasks, dur = 20, 10, 200, 1
+	const idle, gap = 5 * time.Second, 10 * time.Millisecond
+	r, err := prepareFleet(env, "s9", conc, "", "")
+	if err != nil {
+		return err
+	}
+	defer r.stop()
+	if err := r.launch(procs); err != nil {
+		return err
+	}
+	// Fully started: every process registered its asynq server, and every
+	// one's idle dequeue waits for a push.
+	if err := waitServers(ctx, r.mainRDB, r.pids()); err != nil {
+		return err
+	}
+	if err := waitBlocked(ctx, r.mainRDB, procs); err != nil {
+		return err
+	}
+	if err := r.markCommands(ctx); err != nil {
+		return err
+	}
+	window := time.Now()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(idle):
+	}
+	cmds, err := r.commandsSinceMark(ctx)
+	if err != nil {
+		return err
+	}
+	idleFor := time.Since(window)
+	tick := time.NewTicker(gap)
+	defer tick.Stop()
+	for i := range tasks {
+		if i > 0 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-tick.C:
+			}
+		}
+		b, _ := json.Marshal(probe.Payload{MS: dur, EnqueuedUS: time.Now().UnixMicro()})
+		if _, err := r.producer.Enqueue(ctx, probe.Type, b); err != nil {
+			return err
+		}
+	}
+	if err := r.wait(ctx, tasks, time.Minute); err != nil {
+		return err
+	}
+	pickups, err := r.counters.Pickups(ctx)
+	if err != nil {
+		return err
+	}
+	if len(pickups) != tasks {
+		return fmt.Errorf("%d pickup times recorded for %d tasks", len(pickups), tasks)
+	}
+	slices.Sort(pickups)
+	ms := func(d time.Duration) float64 { return round(float64(d.Microseconds())/1000, 2) }
+	return env.emit(map[string]any{
+		"peer": "fleetcap", "scenario": "S9", "workers": procs, "conc": conc,
+		"idle_ms": idleFor.Milliseconds(), "idle_redis_cmds_per_s": int(float64(cmds) / idleFor.Seconds()),
+		"tasks": tasks, "gap_ms": gap.Milliseconds(), "dur_ms": dur,
+		// The same ranks as the BullMQ anchor: the values at n*0.5 and
+		// n*0.99 of the sorted times.
+		"pickup_p50_ms": ms(pickups[tasks/2]), "pickup_p99_ms": ms(pickups[tasks*99/100]),
+		"pickup_max_ms": ms(pickups[tasks-1]),
+	})
+}
+
+// waitBlocked waits until at least n clients of the Redis wait at once in
+// BLMOVE: the idle dequeues of n worker processes (one queue each).
+func waitBlocked(ctx context.Context, rdb *redis.Client, n int) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		list, err := rdb.ClientList(ctx).Result()
+		blocked := 0
+		for _, line := range strings.Split(list, "\n") {
+			if strings.Contains(line, " flags=b ") && strings.Contains(line, " cmd=blmove") {
+				blocked++
+			}
+		}
+		if err == nil && blocked >= n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d worker processes wait for tasks in BLMOVE after 30s (%v)", blocked, n, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
