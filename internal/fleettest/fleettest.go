@@ -314,10 +314,6 @@ func (c *Counters) MaxSlotsWaiting(ctx context.Context) (int, error) {
 	return c.int(ctx, "waiting:max")
 }
 
-// SlotsWaiting is how many slots hold a capped task which is not running
-// now (with --slots-waiting).
-func (c *Counters) SlotsWaiting(ctx context.Context) (int, error) { return c.int(ctx, "waiting") }
-
 // Pickups are the times from enqueue to handler start of the probes whose
 // payload carried their enqueue time, in the order they started.
 func (c *Counters) Pickups(ctx context.Context) ([]time.Duration, error) {
