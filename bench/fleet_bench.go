@@ -16,6 +16,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetcap/fleetcap/internal/fleettest"
+	"github.com/fleetcap/fleetcap/internal/probeworker/probe"
+	"github.com/fleetcap/fleetcap/producer"
+	"github.com/fleetcap/fleetcap/worker"
 )
 
 // fleetRun is one run of probe workers on the bench Redis.
@@ -27,7 +30,8 @@ type fleetRun struct {
 	counters   *fleettest.Counters
 	countRDB   *redis.Client
 	mainRDB    *redis.Client
-	client     *asynq.Client
+	client     *asynq.Client      // enqueues as a plain asynq client would
+	producer   *producer.Producer // enqueues as the product does
 	cmdsStart  int64
 	statsStart map[string]int64 // with BENCH_CMDSTATS
 }
@@ -55,15 +59,10 @@ var probeBinary = sync.OnceValues(func() (string, error) {
 	return fleettest.Build(dir, false)
 })
 
-// startFleet starts procs probe workers, with the probe type capped by
-// capYAML, on a queue of their own; counters live in a Redis of their own so
-// that they do not count as the fleet's Redis commands.
-func startFleet(env *benchEnv, name string, procs, concurrency int, capYAML string) (*fleetRun, error) {
-	return startFleetWith(env, name, procs, concurrency, capYAML, "")
-}
-
-// startFleetWith is startFleet with more top-level config sections
-// (extraYAML, such as a semaphore section).
+// startFleetWith starts procs probe workers, with the probe type capped by
+// capYAML and more top-level config sections (extraYAML, such as a
+// semaphore section), on a queue of their own; counters live in a Redis of
+// their own so that they do not count as the fleet's Redis commands.
 func startFleetWith(env *benchEnv, name string, procs, concurrency int, capYAML, extraYAML string) (*fleetRun, error) {
 	r, err := prepareFleet(env, name, concurrency, capYAML, extraYAML)
 	if err != nil {
@@ -76,35 +75,55 @@ func startFleetWith(env *benchEnv, name string, procs, concurrency int, capYAML,
 	return r, nil
 }
 
-// prepareFleet writes the config of a fleet run and opens its clients; its
-// workers start with launch, so that a run can fill its queue first.
+// prepareFleet writes the config of a fleet run of the probe type, capped
+// by capYAML, and opens its clients; its workers start with launch, so
+// that a run can fill its queue first.
 func prepareFleet(env *benchEnv, name string, concurrency int, capYAML, extraYAML string) (*fleetRun, error) {
+	return prepareFleetTypes(env, name, concurrency, map[string]string{probe.Type: capYAML}, extraYAML)
+}
+
+// prepareFleetTypes is prepareFleet with several probe task types, each
+// capped by its entry of capYAML (empty: uncapped), all on the run's queue.
+func prepareFleetTypes(env *benchEnv, name string, concurrency int, capYAML map[string]string, extraYAML string) (*fleetRun, error) {
 	queue := fmt.Sprintf("%s-%d", name, time.Now().UnixNano())
 	dir, err := os.MkdirTemp("", "fleetcap-bench-run-")
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := fleettest.WriteConfig(dir, fleettest.ConfigOn("redis://"+env.addr, queue, concurrency, capYAML)+extraYAML)
+	path, err := fleettest.WriteConfig(dir, fleettest.ConfigTypes("redis://"+env.addr, queue, concurrency, capYAML)+extraYAML)
 	if err != nil {
 		return nil, err
 	}
-	r := &fleetRun{env: env, queue: queue}
+	cfg, err := worker.LoadConfig(path)
+	if err != nil {
+		return nil, err
+	}
+	var opts []producer.Option
+	for typ := range capYAML {
+		opts = append(opts, producer.WithValidator(typ, probe.Validate))
+	}
+	p, err := producer.New(cfg, opts...)
+	if err != nil {
+		return nil, err
+	}
+	r := &fleetRun{env: env, queue: queue, config: path, producer: p}
 	r.mainRDB = redis.NewClient(&redis.Options{Addr: env.addr})
 	r.countRDB = redis.NewClient(&redis.Options{Addr: env.counterAddr})
 	r.counters = fleettest.NewCounters(r.countRDB, queue)
 	r.client = asynq.NewClient(asynq.RedisClientOpt{Addr: env.addr, PoolSize: 32})
-	r.config = cfg
 	return r, nil
 }
 
-// launch starts procs probe workers.
-func (r *fleetRun) launch(procs int) error {
+// launch starts procs probe workers with flags (such as --slots-waiting or
+// --hold) added to their command lines.
+func (r *fleetRun) launch(procs int, flags ...string) error {
 	bin, err := probeBinary()
 	if err != nil {
 		return err
 	}
 	for i := range procs {
-		p, err := fleettest.Start(bin, fmt.Sprintf("w%d", i), r.config, "--counters", "redis://"+r.env.counterAddr, "--prefix", r.queue)
+		args := append([]string{"--counters", "redis://" + r.env.counterAddr, "--prefix", r.queue}, flags...)
+		p, err := fleettest.Start(bin, fmt.Sprintf("w%d", i), r.config, args...)
 		if err != nil {
 			return err
 		}
@@ -113,8 +132,45 @@ func (r *fleetRun) launch(procs int) error {
 	return nil
 }
 
-// enqueue adds n probes (payload from fn) with up to 16 enqueuers at once.
+// launchAtOnce starts procs probe workers that wait (--hold) until every
+// one of them is ready, then lets them all serve, so that a run does not
+// begin with a part of its fleet.
+func (r *fleetRun) launchAtOnce(procs int, flags ...string) error {
+	if err := r.launch(procs, append(flags, "--hold")...); err != nil {
+		return err
+	}
+	for _, p := range r.procs {
+		if err := p.Release(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// enqueue adds n probes (payload from fn) with a plain asynq client, as a
+// service that does not use package producer would.
 func (r *fleetRun) enqueue(ctx context.Context, n int, payload func(i int) map[string]any) error {
+	return inParallel(ctx, n, func(ctx context.Context, i int) error {
+		b, _ := json.Marshal(payload(i))
+		_, err := r.client.EnqueueContext(ctx, asynq.NewTask(probe.Type, b), asynq.Queue(r.queue))
+		return err
+	})
+}
+
+// produce adds n tasks of taskType (payload from fn) through the producer,
+// as the product enqueues: a capped task whose cap has no place for it
+// waits in the cap's waiting room, not in the queue.
+func (r *fleetRun) produce(ctx context.Context, taskType string, n int, payload func(i int) map[string]any) error {
+	return inParallel(ctx, n, func(ctx context.Context, i int) error {
+		b, _ := json.Marshal(payload(i))
+		_, err := r.producer.Enqueue(ctx, taskType, b)
+		return err
+	})
+}
+
+// inParallel runs do for 0..n-1 with up to 16 at once, and returns the
+// first error.
+func inParallel(ctx context.Context, n int, do func(ctx context.Context, i int) error) error {
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	var firstErr atomic.Value
@@ -124,11 +180,10 @@ func (r *fleetRun) enqueue(ctx context.Context, n int, payload func(i int) map[s
 			defer wg.Done()
 			for {
 				i := int(next.Add(1)) - 1
-				if i >= n {
+				if i >= n || firstErr.Load() != nil {
 					return
 				}
-				b, _ := json.Marshal(payload(i))
-				if _, err := r.client.EnqueueContext(ctx, asynq.NewTask("probe", b), asynq.Queue(r.queue)); err != nil {
+				if err := do(ctx, i); err != nil {
 					firstErr.CompareAndSwap(nil, err)
 					return
 				}
@@ -143,33 +198,49 @@ func (r *fleetRun) enqueue(ctx context.Context, n int, payload func(i int) map[s
 }
 
 func (r *fleetRun) markCommands(ctx context.Context) error {
-	n, err := commandCount(ctx, r.mainRDB)
-	r.cmdsStart = n
-	if err == nil && os.Getenv("BENCH_CMDSTATS") != "" {
-		r.statsStart, err = commandStats(ctx, r.mainRDB)
+	stats, err := commandStats(ctx, r.mainRDB)
+	if err != nil {
+		return err
 	}
-	return err
+	r.cmdsStart = sum(stats)
+	if os.Getenv("BENCH_CMDSTATS") != "" {
+		r.statsStart = stats
+	}
+	return nil
 }
 
 // commandsSinceMark is the commands the fleet's Redis ran since
-// markCommands. With BENCH_CMDSTATS set it also prints them by command to
-// stderr.
+// markCommands (but for the INFO call of markCommands). With
+// BENCH_CMDSTATS set it also prints them by command to stderr.
 func (r *fleetRun) commandsSinceMark(ctx context.Context) (int64, error) {
-	n, err := commandCount(ctx, r.mainRDB)
-	if err == nil && r.statsStart != nil {
-		var now map[string]int64
-		if now, err = commandStats(ctx, r.mainRDB); err == nil {
-			var lines []string
-			for name, calls := range now {
-				if d := calls - r.statsStart[name]; d > 0 {
-					lines = append(lines, fmt.Sprintf("%8d %s", d, name))
-				}
-			}
-			slices.Sort(lines)
-			fmt.Fprintf(os.Stderr, "%s commands:\n%s\n", r.queue, strings.Join(lines, "\n"))
-		}
+	now, err := commandStats(ctx, r.mainRDB)
+	if err != nil {
+		return 0, err
 	}
-	return n - r.cmdsStart - 1, err
+	if r.statsStart != nil {
+		var lines []string
+		for name, calls := range now {
+			d := calls - r.statsStart[name]
+			if name == "info" {
+				d-- // markCommands' own
+			}
+			if d > 0 {
+				lines = append(lines, fmt.Sprintf("%8d %s", d, name))
+			}
+		}
+		slices.Sort(lines)
+		fmt.Fprintf(os.Stderr, "%s commands:\n%s\n", r.queue, strings.Join(lines, "\n"))
+	}
+	return sum(now) - r.cmdsStart - 1, nil
+}
+
+// sum is the total of a command count map.
+func sum(stats map[string]int64) int64 {
+	var n int64
+	for _, calls := range stats {
+		n += calls
+	}
+	return n
 }
 
 func (r *fleetRun) wait(ctx context.Context, n int, within time.Duration) error {
@@ -196,6 +267,9 @@ func (r *fleetRun) stop() {
 	if r.client != nil {
 		_ = r.client.Close()
 	}
+	if r.producer != nil {
+		_ = r.producer.Close()
+	}
 	if r.countRDB != nil {
 		_ = r.countRDB.Close()
 	}
@@ -220,9 +294,10 @@ func runS1(ctx context.Context, env *benchEnv) error {
 		if err != nil {
 			return err
 		}
-		// As in the BullMQ anchor, the queue is full before the workers
-		// start.
-		err = r.enqueue(ctx, tasks, func(int) map[string]any { return map[string]any{"ms": dur} })
+		// As in the BullMQ anchor, the tasks are enqueued before the
+		// workers start: through the producer, so that the cap's places
+		// go to the queue and the rest wait in the cap's waiting room.
+		err = r.produce(ctx, probe.Type, tasks, func(int) map[string]any { return map[string]any{"ms": dur} })
 		if err == nil {
 			err = r.launch(procs)
 		}
@@ -235,7 +310,7 @@ func runS1(ctx context.Context, env *benchEnv) error {
 		}
 		makespan, _ := r.counters.Makespan(ctx)
 		peak, _ := r.counters.MaxInflight(ctx)
-		probe, err := probeFields(ctx, r, dur)
+		seatFields, err := probeFields(ctx, r, dur)
 		r.stop()
 		if err != nil {
 			return err
@@ -246,7 +321,7 @@ func runS1(ctx context.Context, env *benchEnv) error {
 			"peer": "fleetcap", "scenario": "S1", "variant": mode, "cap": capacity, "workers": procs, "conc": conc,
 			"tasks": tasks, "dur_ms": dur, "makespan_ms": int(ms), "utilization": round(ideal/ms, 3),
 			"max_inflight": peak, "tasks_per_s": int(float64(tasks) / ms * 1000),
-		}, probe)); err != nil {
+		}, seatFields)); err != nil {
 			return err
 		}
 	}

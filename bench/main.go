@@ -63,12 +63,17 @@ var scenarios = map[string]scenario{
 	"S4": runS4,
 	"S5": runS5,
 	"S6": runS6,
+	"S7": runS7,
+	"S9": runS9,
 }
+
+// defaultScenarios are the scenarios a run without -scenarios runs.
+const defaultScenarios = "S1,S2,S3,S4,S5,S6,S7,S9"
 
 func run(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	addr := fs.String("redis", os.Getenv("REDIS_ADDR"), "Redis host:port; empty starts a private redis-server")
-	list := fs.String("scenarios", "S1,S2,S3,S4,S5,S6", "comma-separated scenarios to run")
+	list := fs.String("scenarios", defaultScenarios, "comma-separated scenarios to run")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -101,27 +106,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 
 // commandCount is the total of calls in INFO commandstats.
 func commandCount(ctx context.Context, rdb *redis.Client) (int64, error) {
-	info, err := rdb.Info(ctx, "commandstats").Result()
-	if err != nil {
-		return 0, err
-	}
-	var total int64
-	for _, line := range strings.Split(info, "\n") {
-		i := strings.Index(line, "calls=")
-		if i < 0 {
-			continue
-		}
-		rest := line[i+len("calls="):]
-		if j := strings.IndexByte(rest, ','); j >= 0 {
-			rest = rest[:j]
-		}
-		n, err := strconv.ParseInt(strings.TrimSpace(rest), 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("commandstats: %q: %w", line, err)
-		}
-		total += n
-	}
-	return total, nil
+	stats, err := commandStats(ctx, rdb)
+	return sum(stats), err
 }
 
 // commandStats is the calls per command in INFO commandstats.
@@ -151,13 +137,19 @@ func commandStats(ctx context.Context, rdb *redis.Client) (map[string]int64, err
 // envCount reads a positive count from the environment variable name, def
 // when it is unset.
 func envCount(name string, def int) (int, error) {
+	return envInt(name, def, 1)
+}
+
+// envInt reads a whole number of at least lowest from the environment
+// variable name, def when it is unset.
+func envInt(name string, def, lowest int) (int, error) {
 	v := os.Getenv(name)
 	if v == "" {
 		return def, nil
 	}
 	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 {
-		return 0, fmt.Errorf("%s=%q: want a count of 1 or more", name, v)
+	if err != nil || n < lowest {
+		return 0, fmt.Errorf("%s=%q: want a whole number of %d or more", name, v, lowest)
 	}
 	return n, nil
 }

@@ -10,11 +10,16 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetcap/fleetcap/internal/probeworker/probe"
 )
 
 // runS5 is fleet growth: one capped task type in requeue mode, served by 1,
-// 5 and 20 processes of 10. The cap must stay busy (utilization) and the
-// Redis commands a task costs must not grow with the fleet.
+// 5 and 20 processes of 10, its tasks enqueued through the producer while
+// the fleet runs. The cap must stay busy (utilization), the Redis commands
+// a task costs must not grow with the fleet, and the slots that hold a
+// capped task which is not running (fleet-wide) must stay within the cap's
+// standby budget.
 func runS5(ctx context.Context, env *benchEnv) error {
 	const capacity, conc, tasks, dur = 5, 10, 2000, 10
 	variants := []int{1, 5, 20}
@@ -25,24 +30,29 @@ func runS5(ctx context.Context, env *benchEnv) error {
 		}
 		variants = []int{n}
 	}
-	// The cap's standby (tasks per process that wait in-process for a
-	// seat instead of going back to asynq): the config's default,
-	// min(capacity, concurrency/2), unless BENCH_S5_STANDBY sets it, e.g.
-	// to 10 (every slot may wait) to see the other side of that trade-off.
-	standby, err := envCount("BENCH_S5_STANDBY", min(capacity, conc/2))
+	// The cap's standby budget (tasks that wait in a worker slot for the
+	// next seat, fleet-wide): the config's default, the capacity, unless
+	// BENCH_S5_STANDBY sets it (0 turns standby off).
+	standby, err := envInt("BENCH_S5_STANDBY", capacity, 0)
 	if err != nil {
 		return err
 	}
 	for _, procs := range variants {
 		key := fmt.Sprintf("s5-%d-%d", procs, time.Now().UnixNano())
-		capYAML := capBlock(key, capacity, "requeue") + fmt.Sprintf("      standby: %d\n", standby)
-		r, err := startFleet(env, fmt.Sprintf("s5-%d", procs), procs, conc, capYAML)
+		capYAML := capBlock(key, capacity, "requeue")
+		if os.Getenv("BENCH_S5_STANDBY") != "" {
+			capYAML += fmt.Sprintf("      standby: %d\n", standby)
+		}
+		r, err := prepareFleet(env, fmt.Sprintf("s5-%d", procs), conc, capYAML, "")
 		if err != nil {
 			return err
 		}
-		err = r.markCommands(ctx)
+		err = r.launch(procs, "--slots-waiting")
 		if err == nil {
-			err = r.enqueue(ctx, tasks, func(int) map[string]any { return map[string]any{"ms": dur} })
+			err = r.markCommands(ctx)
+		}
+		if err == nil {
+			err = r.produce(ctx, probe.Type, tasks, func(int) map[string]any { return map[string]any{"ms": dur} })
 		}
 		if err == nil {
 			err = r.wait(ctx, tasks, 5*time.Minute)
@@ -58,7 +68,11 @@ func runS5(ctx context.Context, env *benchEnv) error {
 		makespan, _ := r.counters.Makespan(ctx)
 		peak, _ := r.counters.MaxInflight(ctx)
 		runs, _ := r.counters.Runs(ctx)
-		probe, err := probeFields(ctx, r, dur)
+		waiting, err := r.counters.MaxSlotsWaiting(ctx)
+		var seatFields map[string]any
+		if err == nil {
+			seatFields, err = probeFields(ctx, r, dur)
+		}
 		r.stop()
 		if err != nil {
 			return err
@@ -69,7 +83,8 @@ func runS5(ctx context.Context, env *benchEnv) error {
 			"peer": "fleetcap", "scenario": "S5", "variant": procs, "cap": capacity, "workers": procs, "conc": conc,
 			"standby": standby, "tasks": tasks, "dur_ms": dur, "makespan_ms": int(ms), "utilization": round(ideal/ms, 3),
 			"redis_cmds_per_task": round(float64(cmds)/tasks, 2), "max_inflight": peak, "runs": runs,
-		}, probe)); err != nil {
+			"max_slots_waiting": waiting,
+		}, seatFields)); err != nil {
 			return err
 		}
 	}

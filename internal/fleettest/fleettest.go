@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"os/exec"
@@ -48,11 +49,12 @@ func BuildCommand(dir, pkg string, race bool) (string, error) {
 
 // Proc is one probe worker process.
 type Proc struct {
-	Name string
-	cmd  *exec.Cmd
-	log  *bytes.Buffer
-	done chan struct{}
-	err  error
+	Name  string
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	log   *bytes.Buffer
+	done  chan struct{}
+	err   error
 }
 
 // Start launches a probe worker with the config file and extra flags. Its
@@ -69,6 +71,11 @@ func StartEnv(env []string, bin, name, config string, flags ...string) (*Proc, e
 		cmd.Env = append(os.Environ(), env...)
 	}
 	p := &Proc{Name: name, cmd: cmd, log: &bytes.Buffer{}, done: make(chan struct{})}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	p.stdin = stdin
 	w := &syncWriter{buf: p.log}
 	cmd.Stderr = w
 	ready := make(chan struct{})
@@ -89,6 +96,14 @@ func StartEnv(env []string, bin, name, config string, flags ...string) (*Proc, e
 		_ = cmd.Process.Kill()
 		return nil, fmt.Errorf("fleettest: %s not ready in 30s\n%s", name, p.Log())
 	}
+}
+
+// Release lets a worker started with --hold serve.
+func (p *Proc) Release() error {
+	if _, err := io.WriteString(p.stdin, "serve\n"); err != nil {
+		return fmt.Errorf("fleettest: release %s: %w", p.Name, err)
+	}
+	return nil
 }
 
 // Log is what the process printed so far.
@@ -231,7 +246,17 @@ func (c *Counters) Inflight(ctx context.Context) (int, error) { return c.int(ctx
 
 // MaxInflightPerTenant is the most probes of each tenant that ran at once.
 func (c *Counters) MaxInflightPerTenant(ctx context.Context) (map[string]int, error) {
-	m, err := c.rdb.HGetAll(ctx, c.p+"tmax").Result()
+	return c.maxima(ctx, "tmax")
+}
+
+// MaxInflightPerType is the most probes of each task type that ran at
+// once.
+func (c *Counters) MaxInflightPerType(ctx context.Context) (map[string]int, error) {
+	return c.maxima(ctx, "typemax")
+}
+
+func (c *Counters) maxima(ctx context.Context, hash string) (map[string]int, error) {
+	m, err := c.rdb.HGetAll(ctx, c.p+hash).Result()
 	if err != nil {
 		return nil, err
 	}
@@ -262,15 +287,49 @@ func (c *Counters) Forget(ctx context.Context, pid int) (int, error) {
 
 // Makespan is the time from the first probe's start to the last one's end.
 func (c *Counters) Makespan(ctx context.Context) (time.Duration, error) {
-	first, err := c.int(ctx, "first")
+	return c.makespan(ctx, "first", "last")
+}
+
+// MakespanOf is Makespan for the probes of one task type.
+func (c *Counters) MakespanOf(ctx context.Context, taskType string) (time.Duration, error) {
+	return c.makespan(ctx, "first:"+taskType, "last:"+taskType)
+}
+
+func (c *Counters) makespan(ctx context.Context, firstKey, lastKey string) (time.Duration, error) {
+	first, err := c.int(ctx, firstKey)
 	if err != nil {
 		return 0, err
 	}
-	last, err := c.int(ctx, "last")
+	last, err := c.int(ctx, lastKey)
 	if err != nil {
 		return 0, err
 	}
 	return time.Duration(last-first) * time.Millisecond, nil
+}
+
+// MaxSlotsWaiting is the most slots that held a capped task which was not
+// running at once, fleet-wide (counted by workers run with
+// --slots-waiting).
+func (c *Counters) MaxSlotsWaiting(ctx context.Context) (int, error) {
+	return c.int(ctx, "waiting:max")
+}
+
+// Pickups are the times from enqueue to handler start of the probes whose
+// payload carried their enqueue time, in the order they started.
+func (c *Counters) Pickups(ctx context.Context) ([]time.Duration, error) {
+	vals, err := c.rdb.LRange(ctx, c.p+"pickup", 0, -1).Result()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]time.Duration, len(vals))
+	for i, v := range vals {
+		us, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("pickup %q: %w", v, err)
+		}
+		out[i] = time.Duration(us) * time.Microsecond
+	}
+	return out, nil
 }
 
 func (c *Counters) int(ctx context.Context, name string) (int, error) {

@@ -1,12 +1,19 @@
 // Command probeworker is a fleetcap worker for the fleet tests and the
 // benchmarks: it serves the task type "probe", report:fetch (as the enqueue
 // command makes it, counted the same way) and every other task type its
-// config declares (such as "probe2" with caps of its own) under the caps of
-// its config, and counts in Redis, independently of the semaphore, how many
-// probes run at once (overall and per tenant), when the first started and
-// the last ended, and which finished.
+// config declares (such as "probe2" with caps of its own, or an uncapped
+// "noop") under the caps of its config, and counts in Redis, independently
+// of the semaphore, how many probes run at once (overall and per tenant),
+// when the first started and the last ended, and which finished.
 //
 //	probeworker --config fleet.yaml [--counters redis://127.0.0.1:6379] [--prefix probe]
+//	            [--slots-waiting] [--hold]
+//
+// With --slots-waiting it also counts the slots that hold a capped task
+// which is not running: from the moment asynq hands the task over (an
+// outer middleware) until its handler starts, or until it goes back
+// without starting. With --hold it waits, once ready, for a line on its
+// standard input before it serves, so that a whole fleet can start at once.
 //
 // Counters (all under the prefix's hash tag):
 //
@@ -14,24 +21,34 @@
 //	{P}:inflight:pid:<pid>           probes running now in one process (a test
 //	                                 that kills it counts them out)
 //	{P}:inflight:<tenant>, {P}:tmax  the same per tenant (tmax is a hash)
+//	{P}:inflight:type:<type>,        the same per task type
+//	{P}:typemax
 //	{P}:first, {P}:last              Unix ms of the first start and last end
+//	{P}:first:<type>, {P}:last:<type>  the same for one task type
 //	{P}:done                         a set of finished task IDs
 //	{P}:runs                         how many runs finished (duplicates count)
 //	{P}:overhead                     a hash: "us", the microseconds finished
 //	                                 probes held their seats beyond their ms
 //	                                 (counting in and out, and the timer's
 //	                                 overshoot), and "n", how many of them
+//	{P}:waiting, {P}:waiting:max     with --slots-waiting: slots holding a
+//	                                 capped task that is not running, now and
+//	                                 the most at once, fleet-wide
+//	{P}:pickup                       a list: for each probe whose payload
+//	                                 carries enqueued_us, the µs from its
+//	                                 enqueue to its handler's start
 package main
 
 import (
+	"bufio"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"strconv"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -39,19 +56,10 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetcap/fleetcap/internal/probeworker/probe"
 	"github.com/fleetcap/fleetcap/tasks"
 	"github.com/fleetcap/fleetcap/worker"
 )
-
-// TypeProbe is the probe task type.
-const TypeProbe = "probe"
-
-// Payload is a probe's payload.
-type Payload struct {
-	MS     int    `json:"ms"`               // how long the probe holds its seat
-	Tenant string `json:"tenant,omitempty"` // counted per tenant when set
-	Fail   bool   `json:"fail,omitempty"`   // fail (once per task) to exercise retries
-}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -67,6 +75,8 @@ func run(ctx context.Context) error {
 	counters := flag.String("counters", "", "redis:// URL of the counters' Redis; default the worker's")
 	prefix := flag.String("prefix", "probe", "counter key prefix")
 	cpuProfile := flag.String("cpuprofile", os.Getenv("PROBE_CPUPROFILE"), "write a CPU profile here (for the benchmarks)")
+	slotsWaiting := flag.Bool("slots-waiting", false, "count the slots that hold a capped task which is not running")
+	hold := flag.Bool("hold", false, "once ready, wait for a line on standard input before serving")
 	flag.Parse()
 	if *cpuProfile != "" {
 		f, err := os.Create(fmt.Sprintf("%s.%d", *cpuProfile, os.Getpid()))
@@ -98,52 +108,142 @@ func run(ctx context.Context) error {
 		return err
 	}
 	defer crdb.Close()
-	c := &counter{rdb: crdb, p: "{" + *prefix + "}:"}
-	w.HandleFunc(TypeProbe, c.handle)
+	c := &counter{rdb: crdb, p: "{" + *prefix + "}:", pid: strconv.Itoa(os.Getpid())}
+	if *slotsWaiting {
+		capped := map[string]bool{}
+		for typ, tc := range cfg.Tasks {
+			capped[typ] = len(tc.Caps()) > 0
+		}
+		w.Use(c.slotsWaiting(capped))
+	}
+	w.HandleFunc(probe.Type, c.handle)
 	w.HandleFunc(tasks.TypeReportFetch, c.handleReportFetch)
 	for _, typ := range cfg.TaskTypes() {
-		if typ != TypeProbe && typ != tasks.TypeReportFetch {
+		if typ != probe.Type && typ != tasks.TypeReportFetch {
 			w.HandleFunc(typ, c.handle)
 		}
 	}
 	fmt.Println("probeworker: ready")
+	if *hold {
+		if err := waitLine(ctx, os.Stdin); err != nil || ctx.Err() != nil {
+			return err
+		}
+	}
 	return w.Run(ctx)
+}
+
+// waitLine waits for a line (or the end) of in, or for ctx.
+func waitLine(ctx context.Context, in *os.File) error {
+	read := make(chan error, 1)
+	go func() {
+		_, err := bufio.NewReader(in).ReadString('\n')
+		read <- err
+	}()
+	select {
+	case <-ctx.Done():
+		return nil // told to stop before serving
+	case err := <-read:
+		if err != nil {
+			return fmt.Errorf("--hold: standard input: %w", err)
+		}
+		return nil
+	}
 }
 
 type counter struct {
 	rdb redis.UniversalClient
 	p   string
+	pid string
 	// countOut is the last count-out round trip (µs) not yet reported:
 	// a probe's own is only known once its end script has run, so the
 	// next probe reports it.
 	countOut atomic.Int64
 }
 
+// waitingScript counts a capped task in as it enters a slot, and keeps the
+// most counted in at once.
+//
+// KEYS[1] the prefix; reply: the slots waiting now.
+var waitingScript = redis.NewScript(`
+local n = redis.call('INCR', KEYS[1] .. 'waiting')
+local m = tonumber(redis.call('GET', KEYS[1] .. 'waiting:max') or '0')
+if n > m then redis.call('SET', KEYS[1] .. 'waiting:max', n) end
+return n`)
+
+type startedKey struct{}
+
+// slotsWaiting is the outer middleware of --slots-waiting: it counts a task
+// of a capped type in when asynq hands it over, and out when it returns
+// without its handler having started (it went back); a handler that starts
+// counts it out in its start script.
+func (c *counter) slotsWaiting(capped map[string]bool) asynq.MiddlewareFunc {
+	return func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+			if !capped[t.Type()] {
+				return next.ProcessTask(ctx, t)
+			}
+			bg := context.WithoutCancel(ctx)
+			if err := waitingScript.Run(bg, c.rdb, []string{c.p}).Err(); err != nil {
+				return err
+			}
+			started := &atomic.Bool{}
+			err := next.ProcessTask(context.WithValue(ctx, startedKey{}, started), t)
+			if started.CompareAndSwap(false, true) {
+				if derr := c.rdb.Decr(bg, c.p+"waiting").Err(); derr != nil && err == nil {
+					err = derr
+				}
+			}
+			return err
+		})
+	}
+}
+
 // startScript counts a probe in: first start, in-flight counts and their
-// peaks (overall, and per tenant when ARGV[2] is set). One round trip, so
+// peaks (overall, per task type, and per tenant when ARGV[2] is set). One round trip, so
 // that counting adds little to the time a seat is held.
+//
+// KEYS[1] the prefix
+// ARGV[1] Unix ms now; ARGV[2] tenant or empty; ARGV[3] pid; ARGV[4] task type
+// ARGV[5] '1' counts the task out of the slots waiting
+// ARGV[6] µs since its enqueue, or empty
 var startScript = redis.NewScript(`
-redis.call('SETNX', KEYS[1] .. 'first', ARGV[1])
+local now = tonumber(ARGV[1])
+for _, k in ipairs({KEYS[1] .. 'first', KEYS[1] .. 'first:' .. ARGV[4]}) do
+  local f = tonumber(redis.call('GET', k) or '')
+  if f == nil or now < f then redis.call('SET', k, now) end
+end
 local n = redis.call('INCR', KEYS[1] .. 'inflight')
 redis.call('INCR', KEYS[1] .. 'inflight:pid:' .. ARGV[3])
 local m = tonumber(redis.call('GET', KEYS[1] .. 'max') or '0')
 if n > m then redis.call('SET', KEYS[1] .. 'max', n) end
+local yn = redis.call('INCR', KEYS[1] .. 'inflight:type:' .. ARGV[4])
+local ym = tonumber(redis.call('HGET', KEYS[1] .. 'typemax', ARGV[4]) or '0')
+if yn > ym then redis.call('HSET', KEYS[1] .. 'typemax', ARGV[4], yn) end
 if ARGV[2] ~= '' then
   local tn = redis.call('INCR', KEYS[1] .. 'inflight:' .. ARGV[2])
   local tm = tonumber(redis.call('HGET', KEYS[1] .. 'tmax', ARGV[2]) or '0')
   if tn > tm then redis.call('HSET', KEYS[1] .. 'tmax', ARGV[2], tn) end
 end
+if ARGV[5] == '1' then redis.call('DECR', KEYS[1] .. 'waiting') end
+if ARGV[6] ~= '' then redis.call('RPUSH', KEYS[1] .. 'pickup', ARGV[6]) end
 return n`)
 
-// endScript counts a probe out; ARGV[3] = 1 when it finished (not
-// cancelled), ARGV[6] the microseconds it held its seat beyond its ms (see
-// overhead).
+// endScript counts a probe out.
+//
+// KEYS[1] the prefix
+// ARGV[1] Unix ms now; ARGV[2] tenant or empty; ARGV[3] '1' when it finished
+// (not cancelled); ARGV[4] task ID; ARGV[5] pid; ARGV[6] the microseconds
+// it held its seat beyond its ms (see overhead); ARGV[7] task type
 var endScript = redis.NewScript(`
 redis.call('DECR', KEYS[1] .. 'inflight')
 redis.call('DECR', KEYS[1] .. 'inflight:pid:' .. ARGV[5])
+redis.call('DECR', KEYS[1] .. 'inflight:type:' .. ARGV[7])
 if ARGV[2] ~= '' then redis.call('DECR', KEYS[1] .. 'inflight:' .. ARGV[2]) end
 if ARGV[3] == '1' then
-  redis.call('SET', KEYS[1] .. 'last', ARGV[1])
+  local now = tonumber(ARGV[1])
+  for _, k in ipairs({KEYS[1] .. 'last', KEYS[1] .. 'last:' .. ARGV[7]}) do
+    if now > tonumber(redis.call('GET', k) or '0') then redis.call('SET', k, now) end
+  end
   redis.call('SADD', KEYS[1] .. 'done', ARGV[4])
   redis.call('INCR', KEYS[1] .. 'runs')
   redis.call('HINCRBY', KEYS[1] .. 'overhead', 'us', ARGV[6])
@@ -152,11 +252,11 @@ end
 return 1`)
 
 func (c *counter) handle(ctx context.Context, t *asynq.Task) error {
-	var p Payload
-	if err := json.Unmarshal(t.Payload(), &p); err != nil {
-		return fmt.Errorf("probe payload: %v: %w", err, asynq.SkipRetry)
+	p, err := probe.Decode(t.Payload())
+	if err != nil {
+		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
 	}
-	return c.count(ctx, p)
+	return c.count(ctx, t.Type(), p)
 }
 
 // handleReportFetch counts report:fetch tasks (as the enqueue command makes
@@ -166,17 +266,25 @@ func (c *counter) handleReportFetch(ctx context.Context, t *asynq.Task) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
 	}
-	return c.count(ctx, Payload{MS: int(rp.Duration() / time.Millisecond)})
+	return c.count(ctx, t.Type(), probe.Payload{MS: int(rp.Duration() / time.Millisecond)})
 }
 
 // count runs one probe: counted in, held for p.MS (or until ctx is done),
 // counted out.
-func (c *counter) count(ctx context.Context, p Payload) error {
+func (c *counter) count(ctx context.Context, taskType string, p probe.Payload) error {
+	start := time.Now()
 	id, _ := asynq.GetTaskID(ctx)
 	bg := context.WithoutCancel(ctx)
 	keys := []string{c.p}
-	start := time.Now()
-	if err := startScript.Run(bg, c.rdb, keys, start.UnixMilli(), p.Tenant, os.Getpid()).Err(); err != nil {
+	leftSlot := "0"
+	if started, ok := ctx.Value(startedKey{}).(*atomic.Bool); ok && started.CompareAndSwap(false, true) {
+		leftSlot = "1"
+	}
+	pickup := ""
+	if p.EnqueuedUS > 0 {
+		pickup = strconv.FormatInt(start.UnixMicro()-p.EnqueuedUS, 10)
+	}
+	if err := startScript.Run(bg, c.rdb, keys, start.UnixMilli(), p.Tenant, c.pid, taskType, leftSlot, pickup).Err(); err != nil {
 		return err
 	}
 	work := time.Duration(p.MS) * time.Millisecond
@@ -199,7 +307,7 @@ func (c *counter) count(ctx context.Context, p Payload) error {
 	// timer's overshoot, and (reported by the next probe) counting out.
 	ended := time.Now()
 	overhead := ended.Sub(start) - work + time.Duration(c.countOut.Swap(0))*time.Microsecond
-	if err := endScript.Run(bg, c.rdb, keys, ended.UnixMilli(), p.Tenant, finished, id, os.Getpid(), overhead.Microseconds()).Err(); err != nil {
+	if err := endScript.Run(bg, c.rdb, keys, ended.UnixMilli(), p.Tenant, finished, id, c.pid, overhead.Microseconds(), taskType).Err(); err != nil {
 		return err
 	}
 	c.countOut.Add(time.Since(ended).Microseconds())
