@@ -400,3 +400,44 @@ func TestIdleWaitWakesOnPush(t *testing.T) {
 		t.Fatal("the idle server did not take a new task within 30s (it waits up to a minute)")
 	}
 }
+
+// TestOneIdleWorkerWatches: of several idle servers on one queue, one
+// watches the queue (BLMOVE) and the others wait on its doorbell (BLPOP);
+// a push starts its task at once, and the duty passes on, so that the
+// next push is seen too: no push wakes the whole fleet.
+func TestOneIdleWorkerWatches(t *testing.T) {
+	s := newSeam(t)
+	const servers = 4
+	started := make(chan string, 16)
+	for range servers {
+		s.serveThrough(time.Minute, func(ctx context.Context, task *asynq.Task) error {
+			id, _ := asynq.GetTaskID(ctx)
+			started <- id
+			return nil
+		}, nil)
+	}
+	waiting := func(cmd string) int {
+		clients, err := s.rdb.ClientList(context.Background()).Result()
+		if err != nil {
+			return -1
+		}
+		return strings.Count(clients, "cmd="+cmd)
+	}
+	for round := range 3 {
+		waitfor.Condition(t, 10*time.Second, "one server watches, the others wait on the doorbell", func() bool {
+			return waiting("blmove") == 1 && waiting("blpop") == servers-1
+		})
+		info, err := s.client.Enqueue(asynq.NewTask("t", nil), asynq.Queue("q"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case id := <-started:
+			if id != info.ID {
+				t.Fatalf("round %d: started %s, want %s", round, id, info.ID)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("round %d: the task did not start within 10s (the servers wait up to a minute)", round)
+		}
+	}
+}

@@ -2,7 +2,9 @@ package asynqx
 
 import (
 	"context"
+	"crypto/rand"
 	_ "embed"
+	"encoding/hex"
 	"errors"
 	"log/slog"
 	"strings"
@@ -18,11 +20,11 @@ import (
 //   - Dequeue: asynq's processor asks each queue in turn for a task (a
 //     script call per queue) and, when all were empty, sleeps and asks
 //     again: polling. Once a round found every queue empty, ServerClient
-//     holds the next ask until a task is pushed onto one of the queues
-//     (BLMOVE on the queue's pending list, which leaves the list as it is)
-//     or MaxIdle passes: an idle worker costs Redis little, and a new task
-//     is taken within a round trip. Set asynq's TaskCheckInterval to a
-//     millisecond or so: its own sleep then no longer matters.
+//     holds the next ask until a task is pushed onto one of the queues or
+//     maxIdle passes (see "Waiting for work"): an idle worker costs Redis
+//     little, and a new task is taken within a few round trips. Set
+//     asynq's TaskCheckInterval to a millisecond or so: its own sleep then
+//     no longer matters.
 //   - Archive: a handler that sends its task back to wait (fleetcap's
 //     requeue) would have it archived when it has no retry left, whatever
 //     IsFailure says. For a task Keep was called for, ServerClient moves
@@ -34,10 +36,14 @@ type ServerClient struct {
 	maxIdle time.Duration
 	log     *slog.Logger
 
+	id string // this client's name in the duty leases
+
 	mu      sync.Mutex
 	empty   map[string]bool // queues found empty since a task was last taken
+	waiting bool            // a dequeue waits for work
+	woke    bool            // the last wait ended with work: the next task taken passes the duty on
 	arms    map[string]chan struct{}
-	work    chan struct{} // a watcher saw a push
+	work    chan struct{} // a watcher saw work
 	stop    chan struct{}
 	stopped bool
 	kept    map[string]kept // task id -> where Keep sends it instead of the archive
@@ -50,7 +56,7 @@ type kept struct {
 
 // NewServerClient wraps rdb for an asynq server that serves queues.
 func NewServerClient(rdb redis.UniversalClient, queues []string, maxIdle time.Duration, log *slog.Logger) *ServerClient {
-	c := &ServerClient{UniversalClient: rdb, queues: map[string]bool{}, maxIdle: maxIdle, log: log,
+	c := &ServerClient{UniversalClient: rdb, queues: map[string]bool{}, maxIdle: maxIdle, log: log, id: newID(),
 		empty: map[string]bool{}, arms: map[string]chan struct{}{}, work: make(chan struct{}, 1),
 		stop: make(chan struct{}), kept: map[string]kept{}}
 	for _, q := range queues {
@@ -120,8 +126,17 @@ func queueOf(key, suffix string) (string, bool) {
 	return q, ok && q != ""
 }
 
+// Waiting for work. Of the idle workers of a fleet, one per queue is on
+// duty (a lease in Redis): it waits with BLMOVE on the queue's pending list
+// and sees every push. The others wait on the queue's doorbell list
+// (BLPOP), which wakes one waiter per ring. A worker that leaves its wait
+// with a task hands the duty on and rings the doorbell once: the worker it
+// wakes takes the duty, and a task of its own if more came. So a push costs
+// the same few commands whatever the size of the fleet, and no idle worker
+// polls.
+
 // waitForWork holds a dequeue while every queue was found empty, until a
-// watcher sees a push, maxIdle passes, or Stop.
+// watcher sees work, maxIdle passes, or Stop.
 func (c *ServerClient) waitForWork() {
 	c.mu.Lock()
 	if c.stopped || len(c.empty) < len(c.queues) {
@@ -129,6 +144,7 @@ func (c *ServerClient) waitForWork() {
 		return
 	}
 	clear(c.empty)
+	c.waiting = true
 	for q := range c.queues {
 		arm, ok := c.arms[q]
 		if !ok {
@@ -144,30 +160,70 @@ func (c *ServerClient) waitForWork() {
 	c.mu.Unlock()
 	t := time.NewTimer(c.maxIdle)
 	defer t.Stop()
+	woke := false
 	select {
 	case <-c.work:
+		woke = true
 	case <-t.C:
 	case <-c.stop:
 	}
+	c.mu.Lock()
+	c.waiting, c.woke = false, woke
+	c.mu.Unlock()
 }
 
-// noteDequeue records what a dequeue of q found.
+// noteDequeue records what a dequeue of q found. The first task taken
+// after a wait was woken hands the duty on (see passOn).
 func (c *ServerClient) noteDequeue(q string, cmd *redis.Cmd) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	passOn := false
 	switch err := cmd.Err(); {
 	case errors.Is(err, redis.Nil):
 		c.empty[q] = true
 	case err == nil:
 		clear(c.empty)
+		passOn, c.woke = c.woke, false
+	}
+	c.mu.Unlock()
+	if passOn {
+		c.passOn(q)
 	}
 }
 
-// watch waits, each time it is armed, until q's pending list holds a task
-// (or maxIdle passes), and then signals the dequeue that waits. A paused
-// queue is not watched: its tasks cannot be taken.
+// passOn gives up the duty of q, if this worker holds it, and rings q's
+// doorbell once, so that another idle worker takes the duty (and a task,
+// if more came).
+func (c *ServerClient) passOn(q string) {
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	duty, bell := idleKeys(q)
+	if err := dutyScript.Run(ctx, c.UniversalClient, []string{duty, bell}, "pass", c.id, c.maxIdle.Milliseconds()).Err(); err != nil {
+		c.log.Warn("asynqx: hand on the watch of a queue (it lapses by itself)", "queue", q, "err", err)
+	}
+}
+
+// idleKeys are the duty lease and the doorbell of q, in q's hash tag.
+func idleKeys(q string) (duty, bell string) {
+	base := "fleetcap:idle:{" + q + "}:"
+	return base + "duty", base + "bell"
+}
+
+//go:embed lua/duty.lua
+var dutySrc string
+
+var dutyScript = redis.NewScript(dutySrc)
+
+// callTimeout bounds the short calls of the idle machinery.
+const callTimeout = 5 * time.Second
+
+// watch waits for work on q each time it is armed: on duty, until q's
+// pending list holds a task; off duty, until the doorbell rings. It then
+// signals the dequeue that waits, or, when none waits any more (the worker
+// got busy), rings the doorbell for another. A paused queue is not watched:
+// its tasks cannot be taken.
 func (c *ServerClient) watch(q string, arm <-chan struct{}) {
 	k := QueueKeys(q)
+	duty, bell := idleKeys(q)
 	paused := "asynq:{" + q + "}:paused"
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -181,12 +237,19 @@ func (c *ServerClient) watch(q string, arm <-chan struct{}) {
 		case <-c.stop:
 			return
 		}
-		n, err := c.UniversalClient.Exists(ctx, paused).Result()
-		if err == nil && n > 0 {
-			continue // the dequeue's own wait (maxIdle) looks again later
+		onDuty, err := dutyScript.Run(ctx, c.UniversalClient, []string{duty, bell}, "take", c.id, (c.maxIdle + time.Second).Milliseconds()).Bool()
+		if err == nil && onDuty {
+			var n int64
+			if n, err = c.UniversalClient.Exists(ctx, paused).Result(); err == nil && n > 0 {
+				continue // the dequeue's own wait (maxIdle) looks again later
+			}
 		}
 		if err == nil {
-			err = c.UniversalClient.BLMove(ctx, k.Pending, k.Pending, "RIGHT", "RIGHT", c.maxIdle).Err()
+			if onDuty {
+				err = c.UniversalClient.BLMove(ctx, k.Pending, k.Pending, "RIGHT", "RIGHT", c.maxIdle).Err()
+			} else {
+				err = c.UniversalClient.BLPop(ctx, c.maxIdle, bell).Err()
+			}
 		}
 		switch {
 		case ctx.Err() != nil:
@@ -195,6 +258,13 @@ func (c *ServerClient) watch(q string, arm <-chan struct{}) {
 			continue // nothing came within maxIdle
 		case err != nil:
 			c.log.Warn("asynqx: wait for tasks in a queue (the worker looks again after its idle time)", "queue", q, "err", err)
+			continue
+		}
+		c.mu.Lock()
+		waiting := c.waiting
+		c.mu.Unlock()
+		if !waiting {
+			c.passOn(q) // busy now: the work is another worker's
 			continue
 		}
 		select {
@@ -277,4 +347,10 @@ func (c *ServerClient) retryInstead(ctx context.Context, keys []string, args []a
 		c.log.Warn("asynqx: keep a requeued task with no retry left out of the archive", "queue", q, "id", id, "err", cmd.Err())
 	}
 	return cmd
+}
+
+func newID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
+	return hex.EncodeToString(b[:])
 }

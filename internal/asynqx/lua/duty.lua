@@ -1,0 +1,21 @@
+-- duty.lua: the duty of watching an idle queue for pushes (see
+-- ServerClient), held by one worker at a time.
+--
+-- KEYS[1] fleetcap:idle:{<queue>}:duty  STRING: the worker on duty, leased
+-- KEYS[2] fleetcap:idle:{<queue>}:bell  LIST: the doorbell idle workers wait on
+-- ARGV[1] 'take': take the duty unless another worker holds it (or keep
+--         it), for ARGV[3] ms. Reply 1 on duty, 0 not.
+--         'pass': give the duty up if held, and ring the doorbell once,
+--         the ring lasting ARGV[3] ms. Reply 1.
+-- ARGV[2] the worker's id
+
+local holder = redis.call('GET', KEYS[1])
+if ARGV[1] == 'take' then
+  if holder and holder ~= ARGV[2] then return 0 end
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+if holder == ARGV[2] then redis.call('DEL', KEYS[1]) end
+redis.call('LPUSH', KEYS[2], '1')
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return 1
