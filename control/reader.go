@@ -11,9 +11,10 @@ import (
 	"github.com/fleetcap/fleetcap/ratelimit"
 )
 
-// DefaultInterval is how often a Reader reads the overrides: a change
-// reaches every worker within about this long.
-const DefaultInterval = 500 * time.Millisecond
+// DefaultInterval is how often a Reader reads the overrides by itself: a
+// Store announces every change on a pub/sub channel, which makes every
+// Reader read at once; the interval is the safety net for a lost notice.
+const DefaultInterval = 2 * time.Second
 
 // ReaderOptions configures NewReader.
 type ReaderOptions struct {
@@ -68,6 +69,9 @@ func NewReader(ctx context.Context, store *Store, opts ReaderOptions) (*Reader, 
 
 func (r *Reader) loop(ctx context.Context, interval time.Duration) {
 	defer close(r.done)
+	ps := r.store.rdb.Subscribe(ctx, r.store.Channel())
+	defer ps.Close()
+	changed := ps.Channel()
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -75,6 +79,7 @@ func (r *Reader) loop(ctx context.Context, interval time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-changed:
 		}
 		readCtx, cancel := context.WithTimeout(ctx, max(interval, time.Second))
 		_ = r.Refresh(readCtx) // it logs and records a failure (see Err)

@@ -85,6 +85,17 @@ func (s *Store) SetCapacity(ctx context.Context, key string, capacity int) error
 	if err := s.rdb.HSet(ctx, s.key, capacityField+key, strconv.Itoa(capacity)).Err(); err != nil {
 		return fmt.Errorf("control: set capacity of %q: %w", key, err)
 	}
+	return s.announce(ctx)
+}
+
+// Channel is the pub/sub channel a Store announces every change on.
+func (s *Store) Channel() string { return s.key + ":changed" }
+
+// announce tells the Readers that the overrides changed.
+func (s *Store) announce(ctx context.Context) error {
+	if err := s.rdb.Publish(ctx, s.Channel(), "1").Err(); err != nil {
+		return fmt.Errorf("control: announce a change (readers see it within their interval): %w", err)
+	}
 	return nil
 }
 
@@ -109,7 +120,7 @@ func (s *Store) SetRate(ctx context.Context, key string, limit ratelimit.Limit) 
 	if err := s.rdb.HSet(ctx, s.key, rateField+key, v).Err(); err != nil {
 		return fmt.Errorf("control: set rate of %q: %w", key, err)
 	}
-	return nil
+	return s.announce(ctx)
 }
 
 // ClearRate removes the rate override of key (the config's limit applies
@@ -126,7 +137,7 @@ func (s *Store) clear(ctx context.Context, prefix, key string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("control: clear %s override of %q: %w", strings.TrimSuffix(prefix, ":"), key, err)
 	}
-	return n > 0, nil
+	return n > 0, s.announce(ctx)
 }
 
 // Load reads every override. An entry it cannot read (written by something
