@@ -69,7 +69,8 @@ type WorkerConfig struct {
 	// retried, or woken) wakes it at once; default 2s.
 	TaskCheckInterval time.Duration `yaml:"task_check_interval"`
 	// DelayedTaskCheckInterval is how often scheduled and retried tasks are
-	// moved to their queue; default 1s.
+	// moved to their queue (asynq's forwarder); default 5s, as asynq's.
+	// Tasks woken from a waiting room do not wait for it.
 	DelayedTaskCheckInterval time.Duration `yaml:"delayed_task_check_interval"`
 	// ParkedRetry is how long a task parked in a cap's waiting room stays
 	// away before asynq brings it back by itself, when no wake-up brought it
@@ -120,12 +121,17 @@ type TaskConfig struct {
 // Mode says what a worker does when a task's semaphore is full.
 type Mode string
 
-// The cap modes.
+// The modes. For a cap they behave alike: a task that finds no seat waits
+// in its slot (up to wait_timeout) only with one of the cap's standby
+// places, fleet-wide, and otherwise goes back to its queue without a
+// failure, to wait in the cap's waiting room in Redis. For a rate limit,
+// ModeWait sleeps in the slot until the tokens are due (up to
+// wait_timeout), ModeRequeue goes back at once.
 const (
-	// ModeRequeue tries once and, when full, puts the task back in its queue
-	// without counting a failure.
+	// ModeRequeue puts a task that cannot run yet back in its queue without
+	// counting a failure.
 	ModeRequeue Mode = "requeue"
-	// ModeWait waits up to the cap's wait_timeout for a seat, then requeues.
+	// ModeWait waits up to wait_timeout in the slot first.
 	ModeWait Mode = "wait"
 )
 
@@ -160,10 +166,10 @@ type CapConfig struct {
 	AutoRenew *bool `yaml:"auto_renew"`
 	// OnLeaseLost is cancel or continue; default cancel.
 	OnLeaseLost LeaseLostPolicy `yaml:"on_lease_lost"`
-	// Standby is, in mode requeue, how many tasks of this cap one process
-	// keeps waiting for a seat instead of requeueing them, so that a freed
-	// seat is taken at once; default min(capacity, concurrency/2), 0 turns
-	// it off.
+	// Standby is how many tasks of this cap may wait in a worker slot for
+	// the next seat at once, across the whole fleet (the others wait in
+	// Redis), so that a freed seat is taken at once; default the capacity
+	// (in force), 0 turns it off.
 	Standby *int `yaml:"standby"`
 	// CapacityOverrides sets the capacity of single rendered keys of a
 	// templated Key, such as {"tenant:acme": 20}; default none.
@@ -184,7 +190,7 @@ const (
 	DefaultWaitTimeout     = 10 * time.Second
 
 	DefaultTaskCheckInterval        = 2 * time.Second
-	DefaultDelayedTaskCheckInterval = time.Second
+	DefaultDelayedTaskCheckInterval = 5 * time.Second
 	DefaultParkedRetry              = time.Minute
 )
 
