@@ -64,11 +64,12 @@ var scenarios = map[string]scenario{
 	"S5": runS5,
 	"S6": runS6,
 	"S7": runS7,
+	"S8": runS8,
 	"S9": runS9,
 }
 
 // defaultScenarios are the scenarios a run without -scenarios runs.
-const defaultScenarios = "S1,S2,S3,S4,S5,S6,S7,S9"
+const defaultScenarios = "S1,S2,S3,S4,S5,S6,S7,S8,S9"
 
 func run(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)

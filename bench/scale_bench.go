@@ -224,14 +224,15 @@ func runS9(ctx context.Context, env *benchEnv) error {
 }
 
 // waitBlocked waits until at least n clients of the Redis wait at once in
-// BLMOVE: the idle dequeues of n worker processes (one queue each).
+// BLMOVE or BLPOP: the idle dequeues of n worker processes (one queue each;
+// one watches the queue, the others its doorbell).
 func waitBlocked(ctx context.Context, rdb *redis.Client, n int) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		list, err := rdb.ClientList(ctx).Result()
 		blocked := 0
 		for _, line := range strings.Split(list, "\n") {
-			if strings.Contains(line, " flags=b ") && strings.Contains(line, " cmd=blmove") {
+			if strings.Contains(line, " flags=b ") && (strings.Contains(line, " cmd=blmove") || strings.Contains(line, " cmd=blpop")) {
 				blocked++
 			}
 		}

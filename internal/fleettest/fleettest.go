@@ -316,6 +316,24 @@ func (c *Counters) MaxSlotsWaiting(ctx context.Context) (int, error) {
 
 // Pickups are the times from enqueue to handler start of the probes whose
 // payload carried their enqueue time, in the order they started.
+// Starts are the start times of every probe, in the order they were
+// counted (the list {P}:starts).
+func (c *Counters) Starts(ctx context.Context) ([]time.Time, error) {
+	vals, err := c.rdb.LRange(ctx, c.p+"starts", 0, -1).Result()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]time.Time, len(vals))
+	for i, v := range vals {
+		us, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("start %q: %w", v, err)
+		}
+		out[i] = time.UnixMicro(us)
+	}
+	return out, nil
+}
+
 func (c *Counters) Pickups(ctx context.Context) ([]time.Duration, error) {
 	vals, err := c.rdb.LRange(ctx, c.p+"pickup", 0, -1).Result()
 	if err != nil {

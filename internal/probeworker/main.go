@@ -206,6 +206,7 @@ func (c *counter) slotsWaiting(capped map[string]bool) asynq.MiddlewareFunc {
 // ARGV[1] Unix ms now; ARGV[2] tenant or empty; ARGV[3] pid; ARGV[4] task type
 // ARGV[5] '1' counts the task out of the slots waiting
 // ARGV[6] µs since its enqueue, or empty
+// ARGV[7] Unix µs now, kept in the list of starts
 var startScript = redis.NewScript(`
 local now = tonumber(ARGV[1])
 for _, k in ipairs({KEYS[1] .. 'first', KEYS[1] .. 'first:' .. ARGV[4]}) do
@@ -226,6 +227,7 @@ if ARGV[2] ~= '' then
 end
 if ARGV[5] == '1' then redis.call('DECR', KEYS[1] .. 'waiting') end
 if ARGV[6] ~= '' then redis.call('RPUSH', KEYS[1] .. 'pickup', ARGV[6]) end
+redis.call('RPUSH', KEYS[1] .. 'starts', ARGV[7])
 return n`)
 
 // endScript counts a probe out.
@@ -284,7 +286,7 @@ func (c *counter) count(ctx context.Context, taskType string, p probe.Payload) e
 	if p.EnqueuedUS > 0 {
 		pickup = strconv.FormatInt(start.UnixMicro()-p.EnqueuedUS, 10)
 	}
-	if err := startScript.Run(bg, c.rdb, keys, start.UnixMilli(), p.Tenant, c.pid, taskType, leftSlot, pickup).Err(); err != nil {
+	if err := startScript.Run(bg, c.rdb, keys, start.UnixMilli(), p.Tenant, c.pid, taskType, leftSlot, pickup, start.UnixMicro()).Err(); err != nil {
 		return err
 	}
 	work := time.Duration(p.MS) * time.Millisecond
