@@ -4,9 +4,12 @@
 -- KEYS[2] next  STRING: server µs before which no token is handed out
 -- ARGV[1] 'park': ARGV[2] token, ARGV[3] ms the room outlives this call.
 --         Reply: 1.
---         'pop': the tokens are due: hand out the first token, unless one
---         was handed out less than ARGV[2] µs ago (the interval the limit
---         earns the cost in), so that processes asking at once wake one.
+--         'pop': the tokens are due: hand out the first token, unless the
+--         next hand-out is not due yet. Hand-outs are spaced ARGV[2] µs (the
+--         interval the limit earns the cost in) from the one before, not
+--         from when a process asked, so that they keep pace with the rate
+--         however late the asking is; and processes asking at once wake
+--         one.
 --         Reply: {token or '', µs to wait before asking again (-1: the
 --         room is empty)}
 
@@ -22,5 +25,5 @@ if nowus < next then return {'', next - nowus} end
 local first = redis.call('ZPOPMIN', KEYS[1])
 if #first == 0 then return {'', -1} end
 local gap = tonumber(ARGV[2])
-redis.call('SET', KEYS[2], nowus + gap, 'PX', math.max(1, math.ceil(gap / 1000)) + 1000)
+redis.call('SET', KEYS[2], math.max(next, nowus - gap) + gap, 'PX', math.ceil(gap / 1000) + 1000)
 return {first[1], 0}
