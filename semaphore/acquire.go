@@ -179,6 +179,7 @@ type acquireReply struct {
 	tokens []string
 	free   int64     // seats still free after the call
 	ticket int64     // the waiter's place in line
+	kept   bool      // a grant kept the caller's token's standby place (see Entry.Settle)
 	sent   time.Time // local time the call was sent
 }
 
@@ -202,7 +203,7 @@ func (s *Service) callAcquire(k keys, key string, a acquireArgs) (acquireReply, 
 		return r, err
 	}
 	var nums [7]int64
-	if len(vals) != len(nums)+3 {
+	if len(vals) != len(nums)+4 {
 		return r, fmt.Errorf("semaphore: acquire script replied %d values", len(vals))
 	}
 	for i, v := range vals[:len(nums)] {

@@ -109,7 +109,7 @@ func (l *line) moveSeat(call *evalCall, q *Permit, sent time.Time) (bool, error)
 	<-call.done
 	vals, err := call.cmd.Slice()
 	var nums [4]int64
-	if err == nil && len(vals) != len(nums)+1 {
+	if err == nil && len(vals) != len(nums)+2 {
 		err = fmt.Errorf("semaphore: hand-over script replied %d values", len(vals))
 	}
 	for i := 0; err == nil && i < len(nums); i++ {

@@ -50,11 +50,24 @@ type Entry struct {
 	// the task should go back to its queue.
 	Standby bool
 
-	s       *Service
-	key     string
-	permits int
-	token   string
-	arrival int64 // the token's place, server µs
+	s          *Service
+	key        string
+	permits    int
+	token      string
+	arrival    int64 // the token's place, server µs
+	holdsPlace bool  // the token holds a standby place until Settle
+}
+
+// Settle gives up the token's standby place, if it holds one, once its
+// task took its seat and starts: the place goes to the next token. A task
+// keeps its place from its seat to its start, so that the slots holding a
+// task that does not run never outnumber the places.
+func (e *Entry) Settle(ctx context.Context) error {
+	if !e.holdsPlace {
+		return nil
+	}
+	e.holdsPlace = false
+	return e.s.Dismiss(ctx, e.key, e.token)
 }
 
 // Enter asks for a seat of key (a semaphore of permits seats; 0 pauses
@@ -84,6 +97,7 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 			return nil, 1, &AcquisitionError{Key: key, Reason: ReasonError, Attempts: 1, Err: err}
 		}
 		e.arrival, e.Standby = res.ticket, outcome == 2
+		e.holdsPlace = e.Standby || res.kept
 		if outcome != 1 {
 			return nil, 1, nil
 		}
@@ -98,8 +112,9 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 
 // Wait waits in line for the next seat, from the token's arrival, as
 // Acquire does (opts as Acquire's; WithToken is implied). It is for an
-// Entry with a standby place; when it gives up, Park the token or Dismiss
-// it: the place is the token's until then (or until it lapses).
+// Entry with a standby place, which the token keeps: Settle it once the
+// task starts; when Wait gives up, Park the token or Dismiss it (or the
+// place lapses).
 func (e *Entry) Wait(ctx context.Context, opts ...AcquireOption) (*Permit, error) {
 	if !e.Standby {
 		return nil, errors.New("semaphore: Entry.Wait without a standby place")
@@ -138,11 +153,11 @@ func (s *Service) enter(key string, k keys, a acquireArgs, room Room, inSlot boo
 	if err != nil {
 		return 0, r, err
 	}
-	if len(vals) != 5 {
+	if len(vals) != 6 {
 		return 0, r, fmt.Errorf("semaphore: enter script replied %d values", len(vals))
 	}
-	var outcome, nowMs int64
-	for i, dst := range []*int64{&outcome, &nowMs, &r.ticket, nil, &r.free} {
+	var outcome, nowMs, kept int64
+	for i, dst := range []*int64{&outcome, &nowMs, &r.ticket, nil, &r.free, &kept} {
 		if dst == nil {
 			continue
 		}
@@ -150,7 +165,7 @@ func (s *Service) enter(key string, k keys, a acquireArgs, room Room, inSlot boo
 			return 0, r, fmt.Errorf("semaphore: enter script reply %d: %w", i, err)
 		}
 	}
-	r.granted, r.now = outcome == 1, time.UnixMilli(nowMs)
+	r.granted, r.now, r.kept = outcome == 1, time.UnixMilli(nowMs), kept == 1
 	s.woke(key, replyStrings(vals[3]))
 	return outcome, r, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -28,6 +29,7 @@ import (
 type heldSeat struct {
 	seat
 	permit *semaphore.Permit
+	entry  *semaphore.Entry // its standby place, held until the task starts (see settle)
 }
 
 // capped wraps h in the caps and rate limits of taskType, if it has any.
@@ -50,6 +52,9 @@ func (w *Worker) capped(taskType string, h asynq.Handler) asynq.Handler {
 		if rq != nil {
 			return w.requeue(ctx, taskType, t, rq)
 		}
+		// It starts: its standby places go to the next tokens, without
+		// making it wait for that.
+		go w.settle(ctx, slices.Clone(held))
 		return w.runHolding(ctx, taskType, t, h, held)
 	})
 }
@@ -74,9 +79,7 @@ func (w *Worker) takeSeatsAndTokens(ctx context.Context, seats []seat, rates []r
 		if err == nil && limited == nil {
 			return held, nil
 		}
-		for _, hs := range held {
-			w.release(ctx, hs.key, hs.permit)
-		}
+		w.giveBack(ctx, held)
 		if err != nil {
 			return nil, &requeueRequest{key: rates[0].key, why: RequeueStoreError, err: err}
 		}
@@ -112,18 +115,17 @@ func noRetryLeft(ctx context.Context) bool {
 // stands by for that cap once, or goes back to its queue parked in the
 // cap's waiting room.
 func (w *Worker) takeSeats(ctx context.Context, seats []seat, token string) ([]heldSeat, *requeueRequest) {
-	taken := make([]*semaphore.Permit, len(seats))
+	taken := make([]heldSeat, len(seats))
+	for i, s := range seats {
+		taken[i].seat = s
+	}
 	stoodBy := false
 	for {
-		i, entry, rq := w.enterAll(ctx, seats, taken, token)
+		i, entry, rq := w.enterAll(ctx, taken, token)
 		if rq == nil && i < 0 {
-			held := make([]heldSeat, len(seats))
-			for j, s := range seats {
-				held[j] = heldSeat{seat: s, permit: taken[j]}
-			}
-			return held, nil
+			return taken, nil
 		}
-		w.giveBack(ctx, seats, taken)
+		w.giveBack(ctx, taken)
 		switch {
 		case rq != nil:
 			return nil, rq
@@ -139,7 +141,7 @@ func (w *Worker) takeSeats(ctx context.Context, seats []seat, token string) ([]h
 		if rq != nil {
 			return nil, rq
 		}
-		taken[i] = p
+		taken[i].permit, taken[i].entry = p, entry
 	}
 }
 
@@ -167,9 +169,13 @@ func (w *Worker) leaveOtherRooms(ctx context.Context, seats []seat, key, token s
 // lately first (see attemptOrder). It returns the index of the first that
 // had none, and what it gave (a standby place, or a parked token), or -1
 // when every seat is held.
-func (w *Worker) enterAll(ctx context.Context, seats []seat, taken []*semaphore.Permit, token string) (int, *semaphore.Entry, *requeueRequest) {
+func (w *Worker) enterAll(ctx context.Context, taken []heldSeat, token string) (int, *semaphore.Entry, *requeueRequest) {
+	seats := make([]seat, len(taken))
+	for i, hs := range taken {
+		seats[i] = hs.seat
+	}
 	for _, i := range w.caps.attemptOrder(seats) {
-		if taken[i] != nil {
+		if taken[i].permit != nil {
 			continue
 		}
 		s := seats[i]
@@ -186,18 +192,35 @@ func (w *Worker) enterAll(ctx context.Context, seats []seat, taken []*semaphore.
 		if len(seats) > 1 {
 			w.caps.markFree(s.key)
 		}
-		taken[i] = e.Permit
+		taken[i].permit, taken[i].entry = e.Permit, e
 	}
 	return -1, nil, nil
 }
 
-// giveBack releases the seats taken so far.
-func (w *Worker) giveBack(ctx context.Context, seats []seat, taken []*semaphore.Permit) {
-	for i, p := range taken {
-		if p != nil {
-			w.release(ctx, seats[i].key, p)
-			taken[i] = nil
+// giveBack releases the seats taken so far, and their standby places.
+func (w *Worker) giveBack(ctx context.Context, taken []heldSeat) {
+	for i, hs := range taken {
+		if hs.permit != nil {
+			w.release(ctx, hs.key, hs.permit)
+			taken[i].permit = nil
 		}
+	}
+	w.settle(ctx, taken)
+}
+
+// settle gives up the standby places the task's seats still hold (see
+// semaphore.Entry.Settle): the task starts, or goes back.
+func (w *Worker) settle(ctx context.Context, held []heldSeat) {
+	for i, hs := range held {
+		if hs.entry == nil {
+			continue
+		}
+		held[i].entry = nil
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeCallTimeout)
+		if err := hs.entry.Settle(sctx); err != nil {
+			w.log.Warn("worker: give up a standby place (it lapses by itself)", "key", hs.key, "err", err)
+		}
+		cancel()
 	}
 }
 

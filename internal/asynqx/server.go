@@ -41,12 +41,17 @@ type ServerClient struct {
 	mu      sync.Mutex
 	empty   map[string]bool // queues found empty since a task was last taken
 	waiting bool            // a dequeue waits for work
-	woke    bool            // the last wait ended with work: the next task taken passes the duty on
-	arms    map[string]chan struct{}
-	work    chan struct{} // a watcher saw work
-	stop    chan struct{}
-	stopped bool
-	kept    map[string]kept // task id -> where Keep sends it instead of the archive
+	onDuty  map[string]bool // queues whose duty this worker holds
+	woke    bool            // the last wait ended with work (see noteDequeue)
+	recruit bool            // the next task taken means a backlog: ring (see noteDequeue)
+	// saturation hands the duty on unless the worker asks for another task
+	// first (see stillFree)
+	saturation *time.Timer
+	arms       map[string]chan struct{}
+	work       chan struct{} // a watcher saw work
+	stop       chan struct{}
+	stopped    bool
+	kept       map[string]kept // task id -> where Keep sends it instead of the archive
 }
 
 type kept struct {
@@ -57,7 +62,7 @@ type kept struct {
 // NewServerClient wraps rdb for an asynq server that serves queues.
 func NewServerClient(rdb redis.UniversalClient, queues []string, maxIdle time.Duration, log *slog.Logger) *ServerClient {
 	c := &ServerClient{UniversalClient: rdb, queues: map[string]bool{}, maxIdle: maxIdle, log: log, id: newID(),
-		empty: map[string]bool{}, arms: map[string]chan struct{}{}, work: make(chan struct{}, 1),
+		empty: map[string]bool{}, onDuty: map[string]bool{}, arms: map[string]chan struct{}{}, work: make(chan struct{}, 1),
 		stop: make(chan struct{}), kept: map[string]kept{}}
 	for _, q := range queues {
 		c.queues[q] = true
@@ -89,6 +94,7 @@ func (c *ServerClient) Eval(ctx context.Context, script string, keys []string, a
 
 func (c *ServerClient) intercept(ctx context.Context, keys []string, args []any, run func() *redis.Cmd) *redis.Cmd {
 	if q, ok := dequeueQueue(keys); ok && c.queues[q] {
+		c.stillFree()
 		c.waitForWork()
 		cmd := run()
 		c.noteDequeue(q, cmd)
@@ -130,10 +136,13 @@ func queueOf(key, suffix string) (string, bool) {
 // duty (a lease in Redis): it waits with BLMOVE on the queue's pending list
 // and sees every push. The others wait on the queue's doorbell list
 // (BLPOP), which wakes one waiter per ring. A worker that leaves its wait
-// with a task hands the duty on and rings the doorbell once: the worker it
-// wakes takes the duty, and a task of its own if more came. So a push costs
-// the same few commands whatever the size of the fleet, and no idle worker
-// polls.
+// with a task keeps the duty while it has slots to spare (it asks for the
+// next task at once); one that does not ask again within saturated, its
+// slots full, hands the duty on and rings the doorbell once: the worker it
+// wakes takes the duty, and a task of its own if more came. A woken worker
+// whose next ask finds a task too (a backlog) rings once more, so that a
+// burst recruits idle workers one after another. So a push costs the same
+// few commands whatever the size of the fleet, and no idle worker polls.
 
 // waitForWork holds a dequeue while every queue was found empty, until a
 // watcher sees work, maxIdle passes, or Stop.
@@ -172,21 +181,56 @@ func (c *ServerClient) waitForWork() {
 	c.mu.Unlock()
 }
 
-// noteDequeue records what a dequeue of q found. The first task taken
-// after a wait was woken hands the duty on (see passOn).
+// noteDequeue records what a dequeue of q found. After the first task
+// taken by a wait that was woken, the worker hands the duty on unless it
+// asks for another task within saturated (see stillFree).
 func (c *ServerClient) noteDequeue(q string, cmd *redis.Cmd) {
 	c.mu.Lock()
-	passOn := false
+	defer c.mu.Unlock()
 	switch err := cmd.Err(); {
 	case errors.Is(err, redis.Nil):
 		c.empty[q] = true
+		c.recruit = false
 	case err == nil:
 		clear(c.empty)
-		passOn, c.woke = c.woke, false
+		if c.onDuty[q] {
+			// On duty: it keeps the duty only while it asks for more.
+			c.saturation = time.AfterFunc(saturated, func() { c.passOn(q) })
+		}
+		switch {
+		case c.woke:
+			c.woke, c.recruit = false, true
+		case c.recruit:
+			// The ask after the one the wake answered found a task too:
+			// a backlog. Wake another idle worker to share it.
+			c.recruit = false
+			go c.ring(q)
+		}
 	}
-	c.mu.Unlock()
-	if passOn {
-		c.passOn(q)
+}
+
+// ring wakes one idle worker waiting on q's doorbell.
+func (c *ServerClient) ring(q string) {
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	duty, bell := idleKeys(q)
+	if err := dutyScript.Run(ctx, c.UniversalClient, []string{duty, bell}, "ring", c.id, c.maxIdle.Milliseconds()).Err(); err != nil {
+		c.log.Warn("asynqx: wake another worker for a backlog (it looks again after its idle time)", "queue", q, "err", err)
+	}
+}
+
+// saturated is how soon a worker with a slot to spare asks for its next
+// task after taking one: asynq's processor asks at once.
+const saturated = 10 * time.Millisecond
+
+// stillFree notes that the worker asks for another task: it has a slot to
+// spare, and keeps the duty.
+func (c *ServerClient) stillFree() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.saturation != nil {
+		c.saturation.Stop()
+		c.saturation = nil
 	}
 }
 
@@ -194,6 +238,9 @@ func (c *ServerClient) noteDequeue(q string, cmd *redis.Cmd) {
 // doorbell once, so that another idle worker takes the duty (and a task,
 // if more came).
 func (c *ServerClient) passOn(q string) {
+	c.mu.Lock()
+	c.onDuty[q] = false
+	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 	duty, bell := idleKeys(q)
@@ -238,6 +285,9 @@ func (c *ServerClient) watch(q string, arm <-chan struct{}) {
 			return
 		}
 		onDuty, err := dutyScript.Run(ctx, c.UniversalClient, []string{duty, bell}, "take", c.id, (c.maxIdle + time.Second).Milliseconds()).Bool()
+		c.mu.Lock()
+		c.onDuty[q] = err == nil && onDuty
+		c.mu.Unlock()
 		if err == nil && onDuty {
 			var n int64
 			if n, err = c.UniversalClient.Exists(ctx, paused).Result(); err == nil && n > 0 {
@@ -264,7 +314,12 @@ func (c *ServerClient) watch(q string, arm <-chan struct{}) {
 		waiting := c.waiting
 		c.mu.Unlock()
 		if !waiting {
-			c.passOn(q) // busy now: the work is another worker's
+			// Busy now: the work is another worker's.
+			if onDuty {
+				c.passOn(q)
+			} else {
+				c.ring(q) // the ring this took
+			}
 			continue
 		}
 		select {

@@ -21,7 +21,7 @@
 -- ARGV[11] '1' when this Service hands admitted tokens on (it has OnWake)
 -- ARGV[12] the caller's token in the room (''/absent for none): its
 --          arrival is the waiter's ticket when ARGV[8] is empty, and a
---          grant takes it out, as its task now runs
+--          grant seats it (see seated)
 --
 -- Tickets are integers of 16 digits: they travel as strings, because Lua
 -- would print such a number with 14 significant digits.
@@ -35,7 +35,8 @@
 --         entry in line ('' if none), now: seconds, now: microseconds
 --         within the second (TIME's own two strings, unformatted), the
 --         tokens admitted from the room (a list), seats still free after
---         this call, the waiter's ticket (its place in line)}
+--         this call, the waiter's ticket (its place in line), 1 when the
+--         caller's token kept its standby place on a grant (see seated)}
 
 local holders, queue, qexp = KEYS[1], KEYS[2], KEYS[3]
 local ttl = tonumber(ARGV[2])
@@ -83,7 +84,7 @@ if waiting > 0 then
   end
 end
 
-local granted = 0
+local granted, kept = 0, 0
 if free > 0 then
   local ahead = 0
   if waiting > 0 then
@@ -106,7 +107,7 @@ if free > 0 then
     if redis.call('PTTL', holders) < ttl then
       redis.call('PEXPIRE', holders, ttl * 2)
     end
-    forget(token)
+    kept = seated(token)
     if entry ~= '' then
       if nextTicket ~= '' then
         waiting = waiting + redis.call('ZADD', queue, nextTicket, entry)
@@ -158,8 +159,8 @@ if granted == 0 then
   if #e > 0 then earliest = tonumber(e[2]) end
 end
 local tokens = {}
-if ARGV[11] == '1' and (released == 1 or (granted == 1 and token ~= '')) then
+if ARGV[11] == '1' and released == 1 then
   tokens = admit(now, math.max(free, 0))
 end
 if ticket == '' then ticket = nowus end
-return {granted, now, released, earliest, other, t[1], t[2], tokens, math.max(free, 0), ticket}
+return {granted, now, released, earliest, other, t[1], t[2], tokens, math.max(free, 0), ticket, kept}

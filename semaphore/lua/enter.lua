@@ -25,7 +25,8 @@
 --
 -- Reply: {1 seat | 2 standby place | 0 none (parked when ARGV[9] is '1'),
 --         now ms, the token's arrival (server µs), the tokens admitted
---         (a list), seats still free}
+--         (a list), seats still free, 1 when a seat kept the token's
+--         standby place (see seated)}
 
 local holders, queue, qexp = KEYS[1], KEYS[2], KEYS[3]
 local parked, standby, since = KEYS[4], KEYS[5], KEYS[6]
@@ -35,7 +36,7 @@ local now, nowus = clock()
 
 local free = capacity - liveHolders(now)
 local arrival = redis.call('HGET', since, token) or nowus
-local outcome = 0
+local outcome, kept = 0, 0
 if inSlot and free > 0 then
   -- Waiters of the Acquire line that came first are served first.
   local ahead = 0
@@ -51,7 +52,7 @@ if inSlot and free > 0 then
     outcome, free = 1, free - 1
     redis.call('ZADD', holders, now + ttl, ARGV[1])
     if redis.call('PTTL', holders) < ttl then redis.call('PEXPIRE', holders, ttl * 2) end
-    forget(token)
+    kept = seated(token)
   end
 end
 if outcome == 0 then
@@ -81,4 +82,4 @@ if outcome == 0 then
 end
 local tokens = {}
 if ARGV[10] == '1' then tokens = admit(now, free) end
-return {outcome, now, arrival, tokens, free}
+return {outcome, now, arrival, tokens, free, kept}

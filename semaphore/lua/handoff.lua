@@ -6,8 +6,7 @@
 -- KEYS[2] queue    ZSET waiter entry -> ticket (arrival, server µs)
 -- KEYS[3] qexp     ZSET waiter entry -> entry expiry (server ms)
 -- KEYS[4..7]      the waiting room (see room.lua): the taker's token
---                  (ARGV[8]) leaves it; a token that took a seat lets the
---                  next one out
+--                  (ARGV[8]) is seated (see seated)
 -- ARGV[1] member giving the seat up
 -- ARGV[2] member taking it
 -- ARGV[3] the new lease's TTL, ms
@@ -16,13 +15,13 @@
 --         queued, is re-stamped with it and refreshed
 -- ARGV[6] queue entry TTL, ms
 -- ARGV[7] '1' when this Service hands admitted tokens on (it has OnWake)
--- ARGV[8] the taker's token in the room ('' for none): it leaves the room,
---         as its task now runs
--- ARGV[9] capacity
+-- ARGV[8] the taker's token in the room ('' for none)
+-- ARGV[9] capacity (unused)
 --
 -- Reply: {1 moved | 0 the seat was already lost (nothing moved), now ms,
 --         first ticket of another entry in line ('' if none), now µs,
---         the tokens admitted from the room (a list)}
+--         the tokens admitted from the room (a list, empty: a moved seat
+--         frees none), 1 when the taker's token kept its standby place}
 
 local holders, queue, qexp = KEYS[1], KEYS[2], KEYS[3]
 local ttl = tonumber(ARGV[3])
@@ -55,11 +54,6 @@ if ARGV[5] ~= '' and #first > 0 then
   redis.call('ZADD', queue, 'XX', ARGV[5], ARGV[4])
   redis.call('ZADD', qexp, 'XX', now + tonumber(ARGV[6]), ARGV[4])
 end
-local tokens = {}
-if moved == 1 and ARGV[8] ~= '' then
-  forget(ARGV[8])
-  if ARGV[7] == '1' then
-    tokens = admit(now, math.max(tonumber(ARGV[9]) - liveHolders(now), 0))
-  end
-end
-return {moved, now, other, nowus, tokens}
+local kept = 0
+if moved == 1 then kept = seated(ARGV[8]) end
+return {moved, now, other, nowus, {}, kept}

@@ -31,6 +31,17 @@ local function forget(token)
   if redis.call('EXISTS', KEYS[4], KEYS[5]) == 0 then redis.call('DEL', KEYS[7]) end
 end
 
+-- seated is called when the task of a token takes a seat. A token that
+-- holds a standby place keeps it until its task starts (the caller then
+-- dismisses it: see Entry.Settle), so that the slots waiting never outnumber
+-- the places; any other leaves the room now. Reply 1 when it kept a place.
+local function seated(token)
+  if token == nil or token == '' then return 0 end
+  if redis.call('ZSCORE', KEYS[5], token) then return 1 end
+  forget(token)
+  return 0
+end
+
 -- roomCapacity is the capacity the room was last told of, or fallback.
 local function roomCapacity(fallback)
   return tonumber(redis.call('HGET', KEYS[7], 'capacity') or fallback)

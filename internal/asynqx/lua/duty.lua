@@ -7,6 +7,7 @@
 --         it), for ARGV[3] ms. Reply 1 on duty, 0 not.
 --         'pass': give the duty up if held, and ring the doorbell once,
 --         the ring lasting ARGV[3] ms. Reply 1.
+--         'ring': ring the doorbell once, keeping the duty. Reply 1.
 -- ARGV[2] the worker's id
 
 local holder = redis.call('GET', KEYS[1])
@@ -15,7 +16,7 @@ if ARGV[1] == 'take' then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   return 1
 end
-if holder == ARGV[2] then redis.call('DEL', KEYS[1]) end
+if ARGV[1] == 'pass' and holder == ARGV[2] then redis.call('DEL', KEYS[1]) end
 redis.call('LPUSH', KEYS[2], '1')
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return 1
