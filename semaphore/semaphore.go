@@ -10,7 +10,14 @@
 // Waiting is cheap: the waiters of one process queue locally and take a
 // single place in a fleet-wide first-come-first-served line in Redis; a
 // release wakes the process first in line at once through pub/sub, a lease
-// expiry through a timer, and a backoff with jitter is only the safety net.
+// expiry through a timer, and a backoff with jitter is only the safety net
+// (line.go, handover.go).
+//
+// Work that waits outside any process (a job queue's tasks) waits in a
+// key's waiting room instead (room.go): a fleet-wide budget of standby
+// places lets a few tasks wait in a slot for the next seat, the others wait
+// in Redis as tokens and are let out, first come first served, as places
+// free.
 package semaphore
 
 import (
