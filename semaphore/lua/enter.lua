@@ -35,7 +35,9 @@ local budget, keyttl, inSlot = tonumber(ARGV[5]), ARGV[8], ARGV[9] == '1'
 local now, nowus = clock()
 
 local free = capacity - liveHolders(now)
-local arrival = redis.call('HGET', since, token) or nowus
+local roomed = occupied()
+local arrival = nowus
+if roomed then arrival = redis.call('HGET', since, token) or nowus end
 local outcome, kept = 0, 0
 if inSlot and free > 0 then
   -- Waiters of the Acquire line that came first are served first.
@@ -52,7 +54,7 @@ if inSlot and free > 0 then
     outcome, free = 1, free - 1
     redis.call('ZADD', holders, now + ttl, ARGV[1])
     if redis.call('PTTL', holders) < ttl then redis.call('PEXPIRE', holders, ttl * 2) end
-    kept = seated(token)
+    if roomed then kept = seated(token) end
   end
 end
 if outcome == 0 then
@@ -81,5 +83,6 @@ if outcome == 0 then
   for i = 4, 7 do redis.call('PEXPIRE', KEYS[i], keyttl) end
 end
 local tokens = {}
-if ARGV[10] == '1' then tokens = admit(now, free) end
+-- A seat taken from an empty room changes nobody's turn.
+if ARGV[10] == '1' and (roomed or outcome ~= 1) then tokens = admit(now, free) end
 return {outcome, now, arrival, tokens, free, kept}

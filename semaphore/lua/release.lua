@@ -21,11 +21,14 @@ redis.call('ZREM', holders, ARGV[1])
 local now = clock()
 if tonumber(s) <= now then return {0, {}} end
 
+local lined = redis.call('ZCARD', queue) > 0
+local roomed = ARGV[5] == '1' and occupied()
+if not lined and not roomed then return {1, {}} end
 local free = tonumber(ARGV[2]) - liveHolders(now)
-if free > 0 and redis.call('ZCARD', queue) > 0 then
+if free > 0 and lined then
   for _, e in ipairs(redis.call('ZRANGE', queue, 0, free - 1)) do
     redis.call('PUBLISH', ARGV[3] .. e, ARGV[4])
   end
 end
-if ARGV[5] ~= '1' then return {1, {}} end
+if not roomed then return {1, {}} end
 return {1, admit(now, math.max(free, 0))}

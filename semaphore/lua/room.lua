@@ -21,6 +21,12 @@ local function clock()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t[1] .. string.format('%06d', tonumber(t[2]))
 end
 
+-- occupied reports whether anyone is in the room or holds a standby place.
+-- Scripts ask it first, so that a key nobody waits for costs one command.
+local function occupied()
+  return redis.call('EXISTS', KEYS[4], KEYS[5]) > 0
+end
+
 -- forget takes a token out of the room for good: its task took a seat, or
 -- no longer waits. An empty room keeps no key.
 local function forget(token)
@@ -28,7 +34,7 @@ local function forget(token)
   redis.call('ZREM', KEYS[4], token)
   redis.call('ZREM', KEYS[5], token)
   redis.call('HDEL', KEYS[6], token)
-  if redis.call('EXISTS', KEYS[4], KEYS[5]) == 0 then redis.call('DEL', KEYS[7]) end
+  if not occupied() then redis.call('DEL', KEYS[7]) end
 end
 
 -- seated is called when the task of a token takes a seat. A token that
@@ -52,7 +58,7 @@ end
 -- one, and returns them. Places that lapsed (their task never showed up,
 -- or its worker died) go back to the room first, keeping their place.
 local function admit(now, free)
-  if redis.call('EXISTS', KEYS[4], KEYS[5]) == 0 then return {} end
+  if not occupied() then return {} end
   for _, token in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, 100)) do
     redis.call('ZREM', KEYS[5], token)
     local arrival = redis.call('HGET', KEYS[6], token)
