@@ -198,7 +198,11 @@ func (s *Service) callAcquire(k keys, key string, a acquireArgs) (acquireReply, 
 	for len(argv) > 7 && argv[len(argv)-1] == "" {
 		argv = argv[:len(argv)-1] // the script reads absent optional arguments as ''
 	}
-	vals, err := s.batch.of(k.holders).run(acquireScript, k.all(), argv...).Slice()
+	script := plainAcquireScript
+	if s.usesRoom(a.token) {
+		script = acquireScript
+	}
+	vals, err := s.batch.of(k.holders).run(script, k.all(), argv...).Slice()
 	if err != nil {
 		return r, err
 	}
@@ -226,6 +230,9 @@ func (s *Service) callAcquire(k keys, key string, a acquireArgs) (acquireReply, 
 	}
 	if r.ticket, err = replyInt(vals[9]); err != nil {
 		return r, fmt.Errorf("semaphore: acquire script reply 9: %w", err)
+	}
+	if r.ticket == 0 {
+		r.ticket = r.nowMicros // the script leaves "now" for the caller to format
 	}
 	s.clock.observe(r.nowMicros, r.sent, time.Now())
 	return r, nil

@@ -150,7 +150,11 @@ func (l *line) handOverThroughStore(p *Permit) (held, handed bool, err error) {
 // releasePlain frees p's seat, decides "held" by the store's clock, and
 // wakes the waiters first in line, in one call.
 func (s *Service) releasePlain(p *Permit) (bool, error) {
-	vals, err := s.batch.of(p.k.holders).run(releaseScript, p.k.all(), p.member, p.capacity, s.wakePrefix(), p.key, s.wakeFlag()).Slice()
+	script := plainReleaseScript
+	if s.usesRoom("") {
+		script = releaseScript
+	}
+	vals, err := s.batch.of(p.k.holders).run(script, p.k.all(), p.member, p.capacity, s.wakePrefix(), p.key, s.wakeFlag()).Slice()
 	if err != nil {
 		return false, err
 	}

@@ -35,7 +35,8 @@
 --         entry in line ('' if none), now: seconds, now: microseconds
 --         within the second (TIME's own two strings, unformatted), the
 --         tokens admitted from the room (a list), seats still free after
---         this call, the waiter's ticket (its place in line), 1 when the
+--         this call, the waiter's ticket (its place in line; '' when that
+--         is now, which the caller reads from TIME's strings), 1 when the
 --         caller's token kept its standby place on a grant (see seated)}
 
 local holders, queue, qexp = KEYS[1], KEYS[2], KEYS[3]
@@ -45,9 +46,7 @@ local entry, qttl = ARGV[4], tonumber(ARGV[5])
 local ticket, nextTicket, release = ARGV[8] or '', ARGV[9] or '', ARGV[10] or ''
 local token = ARGV[12] or ''
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local nowus = t[1] .. string.format('%06d', tonumber(t[2]))
+local now, t = clock()
 -- A token's arrival in the room is its place, set by the server: trusted.
 local trusted = false
 if ticket == '' and token ~= '' then
@@ -107,7 +106,7 @@ if free > 0 then
     if redis.call('PTTL', holders) < ttl then
       redis.call('PEXPIRE', holders, ttl * 2)
     end
-    kept = seated(token)
+    if token ~= '' then kept = seated(token) end
     if entry ~= '' then
       if nextTicket ~= '' then
         waiting = waiting + redis.call('ZADD', queue, nextTicket, entry)
@@ -124,7 +123,7 @@ end
 
 if granted == 0 and entry ~= '' then
   if ticket == '' then
-    waiting = waiting + redis.call('ZADD', queue, 'NX', nowus, entry)
+    waiting = waiting + redis.call('ZADD', queue, 'NX', micros(t), entry)
   elseif trusted then
     waiting = waiting + redis.call('ZADD', queue, 'LT', ticket, entry)
   else
@@ -162,5 +161,4 @@ local tokens = {}
 if ARGV[11] == '1' and released == 1 then
   tokens = admit(now, math.max(free, 0))
 end
-if ticket == '' then ticket = nowus end
 return {granted, now, released, earliest, other, t[1], t[2], tokens, math.max(free, 0), ticket, kept}

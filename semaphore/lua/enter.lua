@@ -32,7 +32,8 @@ local holders, queue, qexp = KEYS[1], KEYS[2], KEYS[3]
 local parked, standby, since = KEYS[4], KEYS[5], KEYS[6]
 local ttl, capacity, token = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local budget, keyttl, inSlot = tonumber(ARGV[5]), ARGV[8], ARGV[9] == '1'
-local now, nowus = clock()
+local now, t = clock()
+local nowus = micros(t)
 
 local free = capacity - liveHolders(now)
 local roomed = occupied()

@@ -25,9 +25,8 @@
 
 local holders, queue, qexp = KEYS[1], KEYS[2], KEYS[3]
 local ttl = tonumber(ARGV[3])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local nowus = t[1] .. string.format('%06d', tonumber(t[2]))
+local now, t = clock()
+local nowus = micros(t)
 
 local moved = 0
 local s = redis.call('ZSCORE', holders, ARGV[1])

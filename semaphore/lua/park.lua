@@ -14,7 +14,8 @@
 --
 -- Reply: the tokens admitted (a list).
 
-local now, nowus = clock()
+local now, t = clock()
+local nowus = micros(t)
 local token, keyttl = ARGV[2], ARGV[3]
 redis.call('HSET', KEYS[7], 'capacity', ARGV[1], 'budget', ARGV[4], 'transit', ARGV[5], 'keyttl', keyttl)
 redis.call('HSETNX', KEYS[6], token, nowus)

@@ -1,5 +1,6 @@
--- room.lua: the waiting room of a semaphore, prepended to every script that
--- frees, takes or promises seats (see script() in semaphore.go).
+-- room.lua: the waiting room of a semaphore, prepended (after seats.lua) to
+-- every script that frees, takes or promises seats for tasks that wait in
+-- it (see roomScript in semaphore.go).
 --
 -- Tasks that wait for a seat outside any process (a job queue's tasks sent
 -- back to their queue) are tokens in the room. A few of them at a time, the
@@ -13,13 +14,6 @@
 -- KEYS[7] room     HASH capacity, budget (standby places), transit (ms a
 --                  place waits for its task to show up), keyttl (ms the
 --                  room's keys outlive their last arrival)
-
--- clock reads the server's time: milliseconds, and microseconds as the
--- 16-digit string tickets and arrivals are kept in.
-local function clock()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t[1] .. string.format('%06d', tonumber(t[2]))
-end
 
 -- occupied reports whether anyone is in the room or holds a standby place.
 -- Scripts ask it first, so that a key nobody waits for costs one command.
@@ -78,12 +72,6 @@ local function admit(now, free)
   end
   if #out > 0 and room[3] then redis.call('PEXPIRE', KEYS[5], room[3]) end
   return out
-end
-
--- liveHolders drops lapsed leases and counts the rest.
-local function liveHolders(now)
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-  return redis.call('ZCARD', KEYS[1])
 end
 
 -- script body --
