@@ -117,7 +117,7 @@ func NewMetrics(reg prometheus.Registerer, opts MetricsOptions) (*Metrics, error
 		}, []string{"key"}),
 		waiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "fleetcap_semaphore_waiting",
-			Help: "Tasks of this process waiting in-process for a seat (wait mode).",
+			Help: "Worker slots of this process that hold a task of this key which is not running: it asks for its seat, or stands by for one.",
 		}, []string{"key"}),
 		leasesLost: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fleetcap_semaphore_leases_lost_total",
@@ -249,7 +249,8 @@ func (m *Metrics) LeaseLost(key, taskType string) {
 	m.taskLeaseLost.WithLabelValues(m.keyLabel(key), taskType).Inc()
 }
 
-// Waiting adds delta to the number of tasks waiting in-process for a seat.
+// Waiting adds delta to the worker slots that hold a task of key which is
+// not running.
 func (m *Metrics) Waiting(key string, delta int) {
 	m.waiting.WithLabelValues(m.keyLabel(key)).Add(float64(delta))
 }

@@ -85,13 +85,21 @@ type recorder struct {
 	mu        sync.Mutex
 	requeued  []string // key/why
 	leaseLost []string
+	waiting   map[string]int // key -> slots waiting now
 }
 
 func (r *recorder) Acquire(semaphore.AcquireEvent) {}
 func (r *recorder) Release(semaphore.ReleaseEvent) {}
 func (r *recorder) Lost(string)                    {}
 func (r *recorder) ActiveChanged(string, int)      {}
-func (r *recorder) Waiting(string, int)            {}
+func (r *recorder) Waiting(key string, delta int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.waiting == nil {
+		r.waiting = map[string]int{}
+	}
+	r.waiting[key] += delta
+}
 func (r *recorder) LeaseLost(key, taskType string) { r.add(&r.leaseLost, key) }
 func (r *recorder) Requeued(key, taskType, why string) {
 	r.add(&r.requeued, key+"/"+why)
@@ -101,6 +109,12 @@ func (r *recorder) add(list *[]string, s string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	*list = append(*list, s)
+}
+
+func (r *recorder) waitingNow(key string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.waiting[key]
 }
 
 func (r *recorder) count(list *[]string, s string) int {
@@ -361,5 +375,39 @@ func TestRunStoppedBeforeItServes(t *testing.T) {
 	cancel()
 	if err := w.Run(ctx); err != nil {
 		t.Fatalf("Run with a context already done = %v, want nil", err)
+	}
+}
+
+// TestSlotsWaitingCountsATaskUntilItRuns: Observer.Waiting counts a capped
+// task in while it stands by in its slot, and out before its handler runs.
+func TestSlotsWaitingCountsATaskUntilItRuns(t *testing.T) {
+	var obs atomic.Pointer[recorder] // set before the task is enqueued
+	seenAtStart := make(chan int, 1)
+	tw := newTestWorker(t, `  job:
+    semaphore: {key: api, capacity: 1, mode: wait, wait_timeout: 20s}
+`, map[string]asynq.HandlerFunc{"job": func(ctx context.Context, task *asynq.Task) error {
+		seenAtStart <- obs.Load().waitingNow("api")
+		return nil
+	}})
+	obs.Store(tw.obs)
+	blocker, err := tw.sem().Acquire(context.Background(), "api", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tw.enqueue("job", "x")
+	waitfor.Condition(t, 10*time.Second, "the task counted waiting", func() bool { return tw.obs.waitingNow("api") == 1 })
+	if err := blocker.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case n := <-seenAtStart:
+		if n != 0 {
+			t.Errorf("the handler started with %d slots counted waiting for api, want 0", n)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the task did not run after the seat was released")
+	}
+	if n := tw.obs.waitingNow("api"); n != 0 {
+		t.Errorf("after the run, %d slots counted waiting, want 0", n)
 	}
 }

@@ -48,7 +48,9 @@ func (w *Worker) capped(taskType string, h asynq.Handler) asynq.Handler {
 		if err != nil {
 			return fmt.Errorf("worker: task %s not run: its payload cannot render its rate limit key: %w: %w", taskType, err, asynq.SkipRetry)
 		}
+		w.waiting(seats, +1)
 		held, rq := w.takeSeatsAndTokens(ctx, seats, rates, waitToken(ctx))
+		w.waiting(seats, -1)
 		if rq != nil {
 			return w.requeue(ctx, taskType, t, rq)
 		}
@@ -57,6 +59,18 @@ func (w *Worker) capped(taskType string, h asynq.Handler) asynq.Handler {
 		go w.settle(ctx, slices.Clone(held))
 		return w.runHolding(ctx, taskType, t, h, held)
 	})
+}
+
+// waiting reports to the observer that the task holds a slot without
+// running, for each of its seats (+1), or no longer (-1). The -1 of a task
+// that starts comes before its standby places go to the next tasks (see
+// settle), so that a count of it never overlaps theirs.
+func (w *Worker) waiting(seats []seat, delta int) {
+	if obs := w.opts.observer; obs != nil {
+		for _, s := range seats {
+			obs.Waiting(s.key, delta)
+		}
+	}
 }
 
 // takeSeatsAndTokens takes the task's seats, then its tokens. Without
@@ -228,10 +242,6 @@ func (w *Worker) settle(ctx context.Context, held []heldSeat) {
 // next seat of s, up to its wait_timeout. A wait that ends without a seat
 // goes back to the room, keeping the task's place.
 func (w *Worker) standBy(ctx context.Context, s seat, entry *semaphore.Entry, token string) (*semaphore.Permit, *requeueRequest) {
-	if obs := w.opts.observer; obs != nil {
-		obs.Waiting(s.key, 1)
-		defer obs.Waiting(s.key, -1)
-	}
 	p, err := entry.Wait(ctx, append(w.permitOptions(ctx, s), semaphore.WithWaitTimeout(s.spec.WaitTimeout))...)
 	if err == nil {
 		return p, nil

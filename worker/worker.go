@@ -36,8 +36,10 @@ type Observer interface {
 	Requeued(key, taskType, why string)
 	// LeaseLost is called when a running task's seat is lost.
 	LeaseLost(key, taskType string)
-	// Waiting is called with +1 when a task starts waiting in-process for a
-	// seat of key and -1 when it stops.
+	// Waiting is called with +1 when a task of a cap of key takes a worker
+	// slot and asks for its seat, and with -1 when it runs or goes back: it
+	// counts the slots that hold a capped task which is not running. A task
+	// that runs is counted out before its standby place goes to the next.
 	Waiting(key string, delta int)
 }
 

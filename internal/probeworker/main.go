@@ -10,9 +10,12 @@
 //	            [--slots-waiting] [--hold]
 //
 // With --slots-waiting it also counts the slots that hold a capped task
-// which is not running: from the moment asynq hands the task over (an
-// outer middleware) until its handler starts, or until it goes back
-// without starting. With --hold it waits, once ready, for a line on its
+// which is not running, through the worker's Observer (see
+// worker.Observer.Waiting): from when the task asks for its seat until it
+// runs or goes back. The count out of a task that runs is a round trip made
+// before its standby place goes to the next task, so that the fleet-wide
+// count never shows both at once; that round trip is part of the seat's
+// time, and is reported with the probe's overhead. With --hold it waits, once ready, for a line on its
 // standard input before it serves, so that a whole fleet can start at once.
 //
 // Counters (all under the prefix's hash tag):
@@ -57,6 +60,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetcap/fleetcap/internal/probeworker/probe"
+	"github.com/fleetcap/fleetcap/semaphore"
 	"github.com/fleetcap/fleetcap/tasks"
 	"github.com/fleetcap/fleetcap/worker"
 )
@@ -93,10 +97,6 @@ func run(ctx context.Context) error {
 		return err
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	w, err := worker.New(cfg, worker.WithLogger(logger))
-	if err != nil {
-		return err
-	}
 	var crdb redis.UniversalClient
 	if *counters != "" {
 		opt, err := redis.ParseURL(*counters)
@@ -109,12 +109,13 @@ func run(ctx context.Context) error {
 	}
 	defer crdb.Close()
 	c := &counter{rdb: crdb, p: "{" + *prefix + "}:", pid: strconv.Itoa(os.Getpid())}
+	opts := []worker.Option{worker.WithLogger(logger)}
 	if *slotsWaiting {
-		capped := map[string]bool{}
-		for typ, tc := range cfg.Tasks {
-			capped[typ] = len(tc.Caps()) > 0
-		}
-		w.Use(c.slotsWaiting(capped))
+		opts = append(opts, worker.WithObserver(&slotCounter{c: c, log: logger}))
+	}
+	w, err := worker.New(cfg, opts...)
+	if err != nil {
+		return err
 	}
 	w.HandleFunc(probe.Type, c.handle)
 	w.HandleFunc(tasks.TypeReportFetch, c.handleReportFetch)
@@ -154,9 +155,10 @@ type counter struct {
 	rdb redis.UniversalClient
 	p   string
 	pid string
-	// countOut is the last count-out round trip (µs) not yet reported:
-	// a probe's own is only known once its end script has run, so the
-	// next probe reports it.
+	// countOut is the count-out round trips (µs) not yet reported, made
+	// while a seat was held: a probe's end script is only timed once it
+	// has run, and the slot counter's count-out comes before the handler;
+	// the next probe reports them.
 	countOut atomic.Int64
 }
 
@@ -170,33 +172,52 @@ local m = tonumber(redis.call('GET', KEYS[1] .. 'waiting:max') or '0')
 if n > m then redis.call('SET', KEYS[1] .. 'waiting:max', n) end
 return n`)
 
-type startedKey struct{}
+// slotCounter is the worker's Observer under --slots-waiting: it counts
+// the slots that hold a capped task which is not running in {P}:waiting,
+// and the most at once in {P}:waiting:max. Each count is a round trip, made
+// before the worker goes on.
+type slotCounter struct {
+	c   *counter
+	log *slog.Logger
+	// seated counts the seats taken whose task has not been counted out
+	// yet: only such a count-out is part of a seat's time.
+	seated atomic.Int64
+}
 
-// slotsWaiting is the outer middleware of --slots-waiting: it counts a task
-// of a capped type in when asynq hands it over, and out when it returns
-// without its handler having started (it went back); a handler that starts
-// counts it out in its start script.
-func (c *counter) slotsWaiting(capped map[string]bool) asynq.MiddlewareFunc {
-	return func(next asynq.Handler) asynq.Handler {
-		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
-			if !capped[t.Type()] {
-				return next.ProcessTask(ctx, t)
+// Waiting counts a slot in or out.
+func (sc *slotCounter) Waiting(_ string, delta int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var err error
+	if delta > 0 {
+		err = waitingScript.Run(ctx, sc.c.rdb, []string{sc.c.p}).Err()
+	} else {
+		start := time.Now()
+		err = sc.c.rdb.Decr(ctx, sc.c.p+"waiting").Err()
+		for n := sc.seated.Load(); n > 0; n = sc.seated.Load() {
+			if sc.seated.CompareAndSwap(n, n-1) {
+				sc.c.countOut.Add(time.Since(start).Microseconds()) // a seat is held meanwhile
+				break
 			}
-			bg := context.WithoutCancel(ctx)
-			if err := waitingScript.Run(bg, c.rdb, []string{c.p}).Err(); err != nil {
-				return err
-			}
-			started := &atomic.Bool{}
-			err := next.ProcessTask(context.WithValue(ctx, startedKey{}, started), t)
-			if started.CompareAndSwap(false, true) {
-				if derr := c.rdb.Decr(bg, c.p+"waiting").Err(); derr != nil && err == nil {
-					err = derr
-				}
-			}
-			return err
-		})
+		}
+	}
+	if err != nil {
+		sc.log.Error("probeworker: count a slot waiting", "delta", delta, "err", err)
 	}
 }
+
+func (*slotCounter) Acquire(semaphore.AcquireEvent) {}
+func (*slotCounter) Release(semaphore.ReleaseEvent) {}
+func (*slotCounter) Lost(string)                    {}
+
+// ActiveChanged notes a seat taken.
+func (sc *slotCounter) ActiveChanged(_ string, delta int) {
+	if delta > 0 {
+		sc.seated.Add(1)
+	}
+}
+func (*slotCounter) Requeued(string, string, string) {}
+func (*slotCounter) LeaseLost(string, string)        {}
 
 // startScript counts a probe in: first start, in-flight counts and their
 // peaks (overall, per task type, and per tenant when ARGV[2] is set). One round trip, so
@@ -204,9 +225,8 @@ func (c *counter) slotsWaiting(capped map[string]bool) asynq.MiddlewareFunc {
 //
 // KEYS[1] the prefix
 // ARGV[1] Unix ms now; ARGV[2] tenant or empty; ARGV[3] pid; ARGV[4] task type
-// ARGV[5] '1' counts the task out of the slots waiting
-// ARGV[6] µs since its enqueue, or empty
-// ARGV[7] Unix µs now, kept in the list of starts
+// ARGV[5] µs since its enqueue, or empty
+// ARGV[6] Unix µs now, kept in the list of starts
 var startScript = redis.NewScript(`
 local now = tonumber(ARGV[1])
 for _, k in ipairs({KEYS[1] .. 'first', KEYS[1] .. 'first:' .. ARGV[4]}) do
@@ -225,9 +245,8 @@ if ARGV[2] ~= '' then
   local tm = tonumber(redis.call('HGET', KEYS[1] .. 'tmax', ARGV[2]) or '0')
   if tn > tm then redis.call('HSET', KEYS[1] .. 'tmax', ARGV[2], tn) end
 end
-if ARGV[5] == '1' then redis.call('DECR', KEYS[1] .. 'waiting') end
-if ARGV[6] ~= '' then redis.call('RPUSH', KEYS[1] .. 'pickup', ARGV[6]) end
-redis.call('RPUSH', KEYS[1] .. 'starts', ARGV[7])
+if ARGV[5] ~= '' then redis.call('RPUSH', KEYS[1] .. 'pickup', ARGV[5]) end
+redis.call('RPUSH', KEYS[1] .. 'starts', ARGV[6])
 return n`)
 
 // endScript counts a probe out.
@@ -278,15 +297,11 @@ func (c *counter) count(ctx context.Context, taskType string, p probe.Payload) e
 	id, _ := asynq.GetTaskID(ctx)
 	bg := context.WithoutCancel(ctx)
 	keys := []string{c.p}
-	leftSlot := "0"
-	if started, ok := ctx.Value(startedKey{}).(*atomic.Bool); ok && started.CompareAndSwap(false, true) {
-		leftSlot = "1"
-	}
 	pickup := ""
 	if p.EnqueuedUS > 0 {
 		pickup = strconv.FormatInt(start.UnixMicro()-p.EnqueuedUS, 10)
 	}
-	if err := startScript.Run(bg, c.rdb, keys, start.UnixMilli(), p.Tenant, c.pid, taskType, leftSlot, pickup, start.UnixMicro()).Err(); err != nil {
+	if err := startScript.Run(bg, c.rdb, keys, start.UnixMilli(), p.Tenant, c.pid, taskType, pickup, start.UnixMicro()).Err(); err != nil {
 		return err
 	}
 	work := time.Duration(p.MS) * time.Millisecond
