@@ -211,9 +211,11 @@ func waitServers(ctx context.Context, rdb *redis.Client, pids []int) error {
 }
 
 // unregistered is the pids that have no asynq server record yet (records
-// are named "asynq:servers:{host:pid:id}").
+// are keys named "asynq:servers:{host:pid:id}"). It reads the keys, not the
+// set asynq:servers: a server is added to the set before its record and
+// worker keys are written, so the set alone would let a baseline miss them.
 func unregistered(ctx context.Context, rdb *redis.Client, pids []int) ([]int, error) {
-	names, err := rdb.ZRange(ctx, "asynq:servers", 0, -1).Result()
+	names, err := rdb.Keys(ctx, "asynq:servers:*").Result()
 	if err != nil {
 		return pids, err
 	}
