@@ -6,19 +6,19 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"github.com/fleetcap/fleetcap/internal/waitfor"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/internal/syncbuf"
+	"github.com/fleetcap/fleetcap/internal/waitfor"
 )
 
 // runCmd runs a command to its end (at most 60 s) and returns its exit
@@ -94,29 +94,19 @@ func TestEnqueueRejectsOversizedInput(t *testing.T) {
 // process is a command running in the background, its output captured.
 type process struct {
 	cmd *exec.Cmd
-	mu  sync.Mutex
-	out bytes.Buffer
+	out syncbuf.Buffer
 	end chan struct{}
 	err error
 }
 
-func (p *process) Write(b []byte) (int, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.Write(b)
-}
-
-func (p *process) Output() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.String()
-}
+// Output is what the process printed so far.
+func (p *process) Output() string { return p.out.String() }
 
 func startProcess(t *testing.T, env []string, bin string, args ...string) *process {
 	t.Helper()
 	p := &process{cmd: exec.Command(bin, args...), end: make(chan struct{})}
 	p.cmd.Env = append(os.Environ(), env...)
-	p.cmd.Stdout, p.cmd.Stderr = p, p
+	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,7 @@
 package monitoring
 
 import (
-	"io"
 	"net/http"
-	"sync"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -91,16 +89,4 @@ func mustSample(t *testing.T, mfs map[string]*dto.MetricFamily, name string, lab
 		t.Fatalf("no series %s%v", name, labels)
 	}
 	return v
-}
-
-// syncWriter serialises writes to w (slog handlers may write concurrently).
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
 }

@@ -1,7 +1,6 @@
 package monitoring
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/fleetcap/fleetcap/control"
 	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/internal/syncbuf"
 	"github.com/fleetcap/fleetcap/ratelimit"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
@@ -32,7 +32,7 @@ type fixture struct {
 	metrics *Metrics
 	server  *Server
 	http    *httptest.Server
-	logs    *bytes.Buffer
+	logs    *syncbuf.Buffer
 	limiter *ratelimit.Limiter // set with fixtureOptions.rateKeys
 	store   *control.Store     // set with fixtureOptions.overrides
 }
@@ -50,7 +50,7 @@ type fixtureOptions struct {
 
 func newFixture(t *testing.T, fo fixtureOptions) *fixture {
 	t.Helper()
-	f := &fixture{redis: redistest.Start(t), reg: NewRegistry(), logs: &bytes.Buffer{}}
+	f := &fixture{redis: redistest.Start(t), reg: NewRegistry(), logs: &syncbuf.Buffer{}}
 	var err error
 	if f.metrics, err = NewMetrics(f.reg, MetricsOptions{}); err != nil {
 		t.Fatal(err)
@@ -60,7 +60,7 @@ func newFixture(t *testing.T, fo fixtureOptions) *fixture {
 			f.metrics.SetCapacity(k.Key, k.Capacity)
 		}
 	}
-	logger := slog.New(slog.NewTextHandler(&syncWriter{w: f.logs}, nil))
+	logger := slog.New(slog.NewTextHandler(f.logs, nil))
 	rdb := f.redis.Client()
 	f.sem, err = semaphore.New(rdb, semaphore.Options{Prefix: "test:sem:", Observer: f.metrics, Logger: logger})
 	if err != nil {

@@ -58,7 +58,10 @@ func ExampleLimiter_Peek() {
 	if err != nil {
 		panic(err)
 	}
-	again, _ := limiter.Peek(ctx, "slack:T123", slack, 1)
+	again, err := limiter.Peek(ctx, "slack:T123", slack, 1)
+	if err != nil {
+		panic(err)
+	}
 	fmt.Println("allowed now:", due.Allowed)
 	fmt.Println("due within a minute:", due.RetryAfter > 59*time.Second && due.RetryAfter <= time.Minute)
 	fmt.Println("peeking spent nothing:", again.RetryAfter <= due.RetryAfter)

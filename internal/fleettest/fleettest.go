@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetcap/fleetcap/internal/syncbuf"
 )
 
 // Build compiles the probe worker into dir and returns its path; race
@@ -52,7 +54,7 @@ type Proc struct {
 	Name  string
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
-	log   *bytes.Buffer
+	log   *syncbuf.Buffer // stdout and stderr
 	done  chan struct{}
 	err   error
 }
@@ -70,16 +72,15 @@ func StartEnv(env []string, bin, name, config string, flags ...string) (*Proc, e
 	if len(env) > 0 {
 		cmd.Env = append(os.Environ(), env...)
 	}
-	p := &Proc{Name: name, cmd: cmd, log: &bytes.Buffer{}, done: make(chan struct{})}
+	p := &Proc{Name: name, cmd: cmd, log: &syncbuf.Buffer{}, done: make(chan struct{})}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
 	}
 	p.stdin = stdin
-	w := &syncWriter{buf: p.log}
-	cmd.Stderr = w
+	cmd.Stderr = p.log
 	ready := make(chan struct{})
-	cmd.Stdout = &readyWriter{w: w, ready: ready}
+	cmd.Stdout = &readyWriter{w: p.log, ready: ready}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
@@ -107,12 +108,7 @@ func (p *Proc) Release() error {
 }
 
 // Log is what the process printed so far.
-func (p *Proc) Log() string {
-	if w, ok := p.cmd.Stderr.(*syncWriter); ok {
-		return w.String()
-	}
-	return ""
-}
+func (p *Proc) Log() string { return p.log.String() }
 
 // PID is the process ID.
 func (p *Proc) PID() int { return p.cmd.Process.Pid }
@@ -160,26 +156,9 @@ func (p *Proc) Stop(within time.Duration) error {
 	return nil
 }
 
-type syncWriter struct {
-	mu  sync.Mutex
-	buf *bytes.Buffer
-}
-
-func (w *syncWriter) Write(b []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.Write(b)
-}
-
-func (w *syncWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.String()
-}
-
 // readyWriter closes ready when the worker prints that it serves.
 type readyWriter struct {
-	w     *syncWriter
+	w     *syncbuf.Buffer
 	ready chan struct{}
 	once  sync.Once
 }
