@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -26,6 +27,7 @@ type fleetRun struct {
 	env        *benchEnv
 	queue      string
 	config     string // the workers' config file
+	dir        string // the run's directory, removed by stop
 	procs      []*fleettest.Proc
 	counters   *fleettest.Counters
 	countRDB   *redis.Client
@@ -90,28 +92,36 @@ func prepareFleetTypes(env *benchEnv, name string, concurrency int, capYAML map[
 	if err != nil {
 		return nil, err
 	}
-	path, err := fleettest.WriteConfig(dir, fleettest.ConfigTypes("redis://"+env.addr, queue, concurrency, capYAML)+extraYAML)
+	p, path, err := writeFleetConfig(dir, fleettest.ConfigTypes("redis://"+env.addr, queue, concurrency, capYAML)+extraYAML, capYAML)
 	if err != nil {
+		_ = os.RemoveAll(dir) // nothing of the run is left to run
 		return nil, err
+	}
+	r := &fleetRun{env: env, queue: queue, config: path, dir: dir, producer: p}
+	r.mainRDB = redis.NewClient(&redis.Options{Addr: env.addr})
+	r.countRDB = redis.NewClient(&redis.Options{Addr: env.counterAddr})
+	r.counters = fleettest.NewCounters(r.countRDB, queue)
+	r.client = asynq.NewClient(asynq.RedisClientOpt{Addr: env.addr, PoolSize: 32})
+	return r, nil
+}
+
+// writeFleetConfig writes config into dir and opens a producer on it that
+// validates the probe types of capYAML.
+func writeFleetConfig(dir, config string, capYAML map[string]string) (*producer.Producer, string, error) {
+	path, err := fleettest.WriteConfig(dir, config)
+	if err != nil {
+		return nil, "", err
 	}
 	cfg, err := worker.LoadConfig(path)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	var opts []producer.Option
 	for typ := range capYAML {
 		opts = append(opts, producer.WithValidator(typ, probe.Validate))
 	}
 	p, err := producer.New(cfg, opts...)
-	if err != nil {
-		return nil, err
-	}
-	r := &fleetRun{env: env, queue: queue, config: path, producer: p}
-	r.mainRDB = redis.NewClient(&redis.Options{Addr: env.addr})
-	r.countRDB = redis.NewClient(&redis.Options{Addr: env.counterAddr})
-	r.counters = fleettest.NewCounters(r.countRDB, queue)
-	r.client = asynq.NewClient(asynq.RedisClientOpt{Addr: env.addr, PoolSize: 32})
-	return r, nil
+	return p, path, err
 }
 
 // launch starts procs probe workers with flags (such as --slots-waiting or
@@ -173,7 +183,7 @@ func (r *fleetRun) produce(ctx context.Context, taskType string, n int, payload 
 func inParallel(ctx context.Context, n int, do func(ctx context.Context, i int) error) error {
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	var firstErr atomic.Value
+	var firstErr atomic.Pointer[error] // an atomic.Value would panic on a second error of another type
 	for range 16 {
 		wg.Add(1)
 		go func() {
@@ -184,15 +194,15 @@ func inParallel(ctx context.Context, n int, do func(ctx context.Context, i int) 
 					return
 				}
 				if err := do(ctx, i); err != nil {
-					firstErr.CompareAndSwap(nil, err)
+					firstErr.CompareAndSwap(nil, &err)
 					return
 				}
 			}
 		}()
 	}
 	wg.Wait()
-	if err, ok := firstErr.Load().(error); ok {
-		return err
+	if err := firstErr.Load(); err != nil {
+		return *err
 	}
 	return nil
 }
@@ -276,6 +286,9 @@ func (r *fleetRun) stop() {
 	if r.mainRDB != nil {
 		_ = r.mainRDB.Close()
 	}
+	if r.dir != "" {
+		_ = os.RemoveAll(r.dir) // a temporary directory; a leftover harms nothing
+	}
 }
 
 func capBlock(key string, capacity int, mode string) string {
@@ -308,9 +321,13 @@ func runS1(ctx context.Context, env *benchEnv) error {
 			r.stop()
 			return err
 		}
-		makespan, _ := r.counters.Makespan(ctx)
-		peak, _ := r.counters.MaxInflight(ctx)
-		seatFields, err := probeFields(ctx, r, dur)
+		makespan, err := r.counters.Makespan(ctx)
+		peak, perr := r.counters.MaxInflight(ctx)
+		err = errors.Join(err, perr)
+		var seatFields map[string]any
+		if err == nil {
+			seatFields, err = probeFields(ctx, r, dur)
+		}
 		r.stop()
 		if err != nil {
 			return err

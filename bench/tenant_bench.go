@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -65,10 +66,11 @@ func runS5(ctx context.Context, env *benchEnv) error {
 			r.stop()
 			return err
 		}
-		makespan, _ := r.counters.Makespan(ctx)
-		peak, _ := r.counters.MaxInflight(ctx)
-		runs, _ := r.counters.Runs(ctx)
-		waiting, err := r.counters.MaxSlotsWaiting(ctx)
+		makespan, err := r.counters.Makespan(ctx)
+		peak, perr := r.counters.MaxInflight(ctx)
+		runs, rerr := r.counters.Runs(ctx)
+		waiting, werr := r.counters.MaxSlotsWaiting(ctx)
+		err = errors.Join(err, perr, rerr, werr)
 		var seatFields map[string]any
 		if err == nil {
 			seatFields, err = probeFields(ctx, r, dur)
@@ -134,7 +136,10 @@ func runS6(ctx context.Context, env *benchEnv) error {
 	if err != nil {
 		return err
 	}
-	makespan, _ := r.counters.Makespan(ctx)
+	makespan, err := r.counters.Makespan(ctx)
+	if err != nil {
+		return err
+	}
 	tmax, err := r.counters.MaxInflightPerTenant(ctx)
 	if err != nil {
 		return err
@@ -143,7 +148,10 @@ func runS6(ctx context.Context, env *benchEnv) error {
 	for _, n := range tmax {
 		peak = max(peak, n)
 	}
-	runs, _ := r.counters.Runs(ctx)
+	runs, err := r.counters.Runs(ctx)
+	if err != nil {
+		return err
+	}
 	// Keys the run left: every semaphore key (its prefix) must expire;
 	// asynq's per-queue counters stay (one queue, not one per tenant) and
 	// are reported apart.
