@@ -8,8 +8,9 @@
 --         next hand-out is not due yet. Hand-outs are spaced ARGV[2] µs (the
 --         interval the limit earns the cost in) from the one before, not
 --         from when a process asked, so that they keep pace with the rate
---         however late the asking is; and processes asking at once wake
---         one.
+--         when the asking is late by up to half an interval; later than
+--         that (or first), the next is spaced from now less half an
+--         interval, so that processes asking at once wake one.
 --         Reply: {token or '', µs to wait before asking again (-1: the
 --         room is empty)}
 
@@ -25,5 +26,5 @@ if nowus < next then return {'', next - nowus} end
 local first = redis.call('ZPOPMIN', KEYS[1])
 if #first == 0 then return {'', -1} end
 local gap = tonumber(ARGV[2])
-redis.call('SET', KEYS[2], math.max(next, nowus - gap) + gap, 'PX', math.ceil(gap / 1000) + 1000)
+redis.call('SET', KEYS[2], math.max(next, nowus - math.floor(gap / 2)) + gap, 'PX', math.ceil(gap / 1000) + 1000)
 return {first[1], 0}
