@@ -3,10 +3,13 @@ package control
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetcap/fleetcap/ratelimit"
 )
@@ -58,18 +61,27 @@ func NewReader(ctx context.Context, store *Store, opts ReaderOptions) (*Reader, 
 		opts.Logger = slog.Default()
 	}
 	r := &Reader{store: store, log: opts.Logger, done: make(chan struct{})}
+	// Subscribed (and confirmed) before the first read, so that no change
+	// made after that read goes unannounced until the next interval.
+	loopCtx, stop := context.WithCancel(context.Background())
+	ps := store.rdb.Subscribe(loopCtx, store.Channel())
+	if _, err := ps.Receive(ctx); err != nil {
+		stop()
+		_ = ps.Close() // the subscription failed already; its error is the one returned
+		return nil, fmt.Errorf("control: subscribe to %s: %w", store.Channel(), err)
+	}
 	if err := r.Refresh(ctx); err != nil {
+		stop()
+		_ = ps.Close()
 		return nil, err
 	}
-	loopCtx, stop := context.WithCancel(context.Background())
 	r.stop = stop
-	go r.loop(loopCtx, opts.Interval)
+	go r.loop(loopCtx, ps, opts.Interval)
 	return r, nil
 }
 
-func (r *Reader) loop(ctx context.Context, interval time.Duration) {
+func (r *Reader) loop(ctx context.Context, ps *redis.PubSub, interval time.Duration) {
 	defer close(r.done)
-	ps := r.store.rdb.Subscribe(ctx, r.store.Channel())
 	defer ps.Close()
 	changed := ps.Channel()
 	t := time.NewTicker(interval)
