@@ -314,3 +314,24 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		t.Errorf("Open of a missing file: err = %v", err)
 	}
 }
+
+// TestGateOpensOnceRedisIsBack: a capped Enqueue while Redis is down fails,
+// and once Redis is back the next one works (the producer's first failure
+// is not remembered).
+func TestGateOpensOnceRedisIsBack(t *testing.T) {
+	e := newEnv(t)
+	e.srv.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if _, err := e.p.Enqueue(ctx, tasks.TypeReportFetch, []byte(acme)); err == nil {
+		t.Fatal("Enqueue with Redis down: no error")
+	}
+	e.srv.StartAgain()
+	info, err := e.p.Enqueue(context.Background(), tasks.TypeReportFetch, []byte(acme))
+	if err != nil {
+		t.Fatalf("Enqueue once Redis is back: %v", err)
+	}
+	if got := e.task(t, "default", info.ID); got.Type != tasks.TypeReportFetch {
+		t.Errorf("enqueued %+v", got)
+	}
+}

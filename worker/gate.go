@@ -3,7 +3,6 @@ package worker
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sync"
 
@@ -27,8 +26,7 @@ type Gate struct {
 	caps *capTable
 	log  *slog.Logger
 
-	once      sync.Once
-	openErr   error
+	mu        sync.Mutex // guards opening: rdb, sem and overrides are set together, once it works
 	rdb       redis.UniversalClient
 	sem       *semaphore.Service
 	overrides *control.Reader
@@ -48,42 +46,48 @@ func NewGate(cfg *Config, log *slog.Logger) (*Gate, error) {
 	return &Gate{cfg: cfg, caps: caps, log: log}, nil
 }
 
-// open opens the Gate's Redis client, semaphore and overrides, once.
+// open opens the Gate's Redis client, semaphore and overrides, the first
+// time it works: a failure (Redis down, ctx done) is returned, and the next
+// call tries again.
 func (g *Gate) open(ctx context.Context) error {
-	g.once.Do(func() {
-		if g.rdb, g.openErr = g.cfg.Redis.NewClient(); g.openErr != nil {
-			return
-		}
-		k := &waker{rdb: g.rdb, log: g.log}
-		g.sem, g.openErr = semaphore.New(g.rdb, semaphore.Options{Prefix: g.cfg.Semaphore.Prefix, DefaultTTL: g.cfg.Semaphore.DefaultTTL, Logger: g.log, OnWake: k.onWake})
-		if g.openErr != nil {
-			return
-		}
-		k.sem = g.sem
-		store, err := control.NewStore(g.rdb, control.Options{})
-		if err != nil {
-			g.openErr = err
-			return
-		}
-		if g.overrides, err = control.NewReader(ctx, store, control.ReaderOptions{Logger: g.log}); err != nil {
-			g.openErr = fmt.Errorf("runtime overrides: %w", err)
-		}
-	})
-	return g.openErr
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.overrides != nil {
+		return nil
+	}
+	rdb, err := g.cfg.Redis.NewClient()
+	if err != nil {
+		return err
+	}
+	k := &waker{rdb: rdb, log: g.log}
+	sem, err := semaphore.New(rdb, semaphore.Options{Prefix: g.cfg.Semaphore.Prefix, DefaultTTL: g.cfg.Semaphore.DefaultTTL, Logger: g.log, OnWake: k.onWake})
+	if err != nil {
+		return errors.Join(err, rdb.Close())
+	}
+	k.sem = sem
+	overrides, err := openOverrides(ctx, rdb, g.log)
+	if err != nil {
+		return errors.Join(err, sem.Close(), rdb.Close())
+	}
+	g.rdb, g.sem, g.overrides = rdb, sem, overrides
+	return nil
 }
 
 // Close closes what the Gate opened.
 func (g *Gate) Close() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	if g.overrides != nil {
 		g.overrides.Close()
 	}
+	var err error
 	if g.sem != nil {
-		_ = g.sem.Close()
+		err = g.sem.Close()
 	}
 	if g.rdb != nil {
-		return g.rdb.Close()
+		err = errors.Join(err, g.rdb.Close())
 	}
-	return nil
+	return err
 }
 
 // Route is where a new task waits: in its queue (Waits false), or in the

@@ -182,18 +182,27 @@ func (w *Worker) connect() error {
 	}
 	w.server = asynqx.NewServerClient(serverRDB, slices.Collect(maps.Keys(w.cfg.Worker.Queues)), w.cfg.Worker.TaskCheckInterval, w.log)
 	w.asynqLog.kept = w.server.Kept
-	store, err := control.NewStore(w.rdb, control.Options{})
-	if err != nil {
-		return err
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), storeCallTimeout)
 	defer cancel()
 	// A worker must not serve before it knows the overrides in force: a
 	// paused key would run.
-	if w.overrides, err = control.NewReader(ctx, store, control.ReaderOptions{Logger: w.log}); err != nil {
-		return fmt.Errorf("worker: runtime overrides: %w", err)
+	if w.overrides, err = openOverrides(ctx, w.rdb, w.log); err != nil {
+		return fmt.Errorf("worker: %w", err)
 	}
 	return nil
+}
+
+// openOverrides reads the runtime overrides on rdb and keeps them current.
+func openOverrides(ctx context.Context, rdb redis.UniversalClient, log *slog.Logger) (*control.Reader, error) {
+	store, err := control.NewStore(rdb, control.Options{})
+	if err != nil {
+		return nil, err
+	}
+	r, err := control.NewReader(ctx, store, control.ReaderOptions{Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("runtime overrides: %w", err)
+	}
+	return r, nil
 }
 
 // Handle registers the handler of a task type. If the type is capped in the
