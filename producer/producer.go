@@ -1,6 +1,6 @@
 // Package producer enqueues fleetcap's task types from Go services. It
 // checks each payload as the workers will (the task type's own validation,
-// and every semaphore key template of its caps), applies the task type's
+// and every key template of its caps and rate limits), applies the task type's
 // configured queue, max_retry and timeout, and wraps each enqueue in a
 // producer span whose W3C trace context travels in the task's headers, so
 // that the worker's span of the task links to it.
@@ -267,6 +267,7 @@ type plan struct {
 	queue    string
 	validate func(payload []byte) error
 	caps     []worker.CapConfig
+	rates    []worker.RateLimitConfig
 	opts     []asynq.Option
 }
 
@@ -299,13 +300,14 @@ func (p *Producer) plan(taskType string, opts []asynq.Option) (*plan, error) {
 		queue:    queue,
 		validate: validate,
 		caps:     tc.Caps(),
+		rates:    tc.RateLimits,
 		opts:     append([]asynq.Option{asynq.Queue(queue), asynq.MaxRetry(maxRetry), asynq.Timeout(timeout)}, opts...),
 	}, nil
 }
 
-// check validates one payload: the task type's own rules, then every
-// semaphore key of its caps, so that no task the worker could not cap is
-// enqueued.
+// check validates one payload: the task type's own rules, then every key
+// of its caps and rate limits, so that no task the worker could not cap or
+// limit is enqueued.
 func (pl *plan) check(payload []byte) error {
 	if err := pl.validate(payload); err != nil {
 		return invalid(err)
@@ -313,6 +315,11 @@ func (pl *plan) check(payload []byte) error {
 	for _, c := range pl.caps {
 		if _, err := c.RenderKey(payload); err != nil {
 			return invalid(fmt.Errorf("semaphore key: %w", err))
+		}
+	}
+	for _, r := range pl.rates {
+		if _, err := r.RenderKey(payload); err != nil {
+			return invalid(fmt.Errorf("rate limit key: %w", err))
 		}
 	}
 	return nil

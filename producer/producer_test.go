@@ -31,6 +31,8 @@ tasks:
   invoice:sync:
     queue: critical
     semaphore: {key: "account:{account_id}", capacity: 1}
+  webhook:deliver:
+    rate_limits: [{key: "hooks:{tenant_id}", rate: 10, per: 1s}]
 `
 
 // env is a private Redis, a producer on it, and what its spans recorded.
@@ -209,6 +211,19 @@ func TestUnrenderableKeyIsRefused(t *testing.T) {
 	e := newEnv(t, producer.WithValidator("invoice:sync", func([]byte) error { return nil }))
 	_, err := e.p.Enqueue(context.Background(), "invoice:sync", []byte(`{"account":"a"}`))
 	if !errors.Is(err, producer.ErrInvalid) || !strings.Contains(err.Error(), `semaphore key: key template "account:{account_id}": payload field "account_id" is missing`) {
+		t.Errorf("err = %v", err)
+	}
+	if e.keys(t) != 0 {
+		t.Errorf("Redis holds %d keys", e.keys(t))
+	}
+}
+
+// TestUnrenderableRateKeyIsRefused: a payload that cannot render a rate
+// limit's key is refused at enqueue, as the worker would archive it.
+func TestUnrenderableRateKeyIsRefused(t *testing.T) {
+	e := newEnv(t, producer.WithValidator(tasks.TypeWebhookDeliver, func([]byte) error { return nil }))
+	_, err := e.p.Enqueue(context.Background(), tasks.TypeWebhookDeliver, []byte(`{"url":"https://example.com"}`))
+	if !errors.Is(err, producer.ErrInvalid) || !strings.Contains(err.Error(), `rate limit key: key template "hooks:{tenant_id}": payload field "tenant_id" is missing`) {
 		t.Errorf("err = %v", err)
 	}
 	if e.keys(t) != 0 {

@@ -56,6 +56,17 @@ func (c RateLimitConfig) KeyTemplate() (*KeyTemplate, error) {
 	return ParseKeyTemplate(c.Key)
 }
 
+// RenderKey returns the rate-limit key for a task with this payload: the
+// key itself, or the key template rendered from the payload. An error
+// means the task must not run.
+func (c RateLimitConfig) RenderKey(payload []byte) (string, error) {
+	kt, err := c.KeyTemplate()
+	if err != nil {
+		return "", err
+	}
+	return kt.Render(payload)
+}
+
 // withDefaults returns c with its defaults applied; typ is the task type
 // (the default key).
 func (c RateLimitConfig) withDefaults(typ string) RateLimitConfig {
