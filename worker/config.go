@@ -156,11 +156,15 @@ type CapConfig struct {
 	Key string `yaml:"key"`
 	// Capacity is the number of seats across the fleet (>= 1); required.
 	Capacity int `yaml:"capacity"`
-	// Mode is requeue or wait; default requeue.
+	// Mode is requeue or wait; default requeue. For caps both behave alike
+	// (the field stays for configs that set it): a task without a seat
+	// stands by within Standby, up to WaitTimeout, and waits in Redis
+	// beyond it.
 	Mode Mode `yaml:"mode"`
 	// TTL is the lease of a seat; default semaphore.default_ttl.
 	TTL time.Duration `yaml:"ttl"`
-	// WaitTimeout is how long mode wait waits for a seat; default 10s.
+	// WaitTimeout is how long a task that stands by waits in its slot for a
+	// seat; default 10s.
 	WaitTimeout time.Duration `yaml:"wait_timeout"`
 	// AutoRenew renews the lease while the task runs; default true.
 	AutoRenew *bool `yaml:"auto_renew"`

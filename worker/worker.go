@@ -74,7 +74,6 @@ type Worker struct {
 	rdb       redis.UniversalClient
 	sem       *semaphore.Service
 	insp      *asynq.Inspector
-	client    *asynq.Client
 	mux       *asynq.ServeMux
 	server    *asynqx.ServerClient // the asynq server's Redis client
 	caps      *capTable
@@ -173,7 +172,6 @@ func (w *Worker) connect() error {
 		return err
 	}
 	w.insp = asynq.NewInspector(w.connOpt)
-	w.client = asynq.NewClient(w.connOpt)
 	w.waker.sem = w.sem
 	made := w.connOpt.MakeRedisClient()
 	serverRDB, ok := made.(redis.UniversalClient)
@@ -281,9 +279,6 @@ func (w *Worker) Close() {
 		}
 		if w.sem != nil {
 			_ = w.sem.Close()
-		}
-		if w.client != nil {
-			_ = w.client.Close()
 		}
 		if w.server != nil {
 			_ = w.server.Close()
