@@ -179,7 +179,7 @@ type acquireReply struct {
 	tokens []string
 	free   int64     // seats still free after the call
 	ticket int64     // the waiter's place in line
-	kept   bool      // a grant kept the caller's token's standby place (see Entry.Settle)
+	kept   bool      // enter.lua: a grant kept the token's standby place (see Entry.Settle)
 	sent   time.Time // local time the call was sent
 }
 
@@ -195,19 +195,12 @@ func (s *Service) callAcquire(k keys, key string, a acquireArgs) (acquireReply, 
 	argv := []any{a.member, a.ttl.Milliseconds(), a.capacity,
 		a.entry, lineEntryTTL.Milliseconds(), s.wakePrefix(), key, ticketArg(a.ticket), ticketArg(a.nextTicket), a.release,
 		s.wakeFlag(), a.token}
-	for len(argv) > 7 && argv[len(argv)-1] == "" {
-		argv = argv[:len(argv)-1] // the script reads absent optional arguments as ''
-	}
-	script := plainAcquireScript
-	if s.usesRoom(a.token) {
-		script = acquireScript
-	}
-	vals, err := s.batch.of(k.holders).run(script, k.all(), argv...).Slice()
+	vals, err := s.batch.of(k.holders).run(acquireScript, k.all(), argv...).Slice()
 	if err != nil {
 		return r, err
 	}
 	var nums [7]int64
-	if len(vals) != len(nums)+4 {
+	if len(vals) != len(nums)+3 {
 		return r, fmt.Errorf("semaphore: acquire script replied %d values", len(vals))
 	}
 	for i, v := range vals[:len(nums)] {

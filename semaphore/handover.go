@@ -92,7 +92,7 @@ func (l *line) settleHeadWith(p *Permit) (call *evalCall, q *Permit, ok bool) {
 	// The call goes first, then the waiter wakes: it runs while the
 	// releasing goroutine waits for the reply.
 	call = &evalCall{script: handoffScript, keys: l.k.all(),
-		args: []any{p.member, q.member, q.ttl.Milliseconds(), l.s.id, ticketArg(next), lineEntryTTL.Milliseconds(), l.s.wakeFlag(), head.req.cfg.token, p.capacity}}
+		args: []any{p.member, q.member, q.ttl.Milliseconds(), l.s.id, ticketArg(next), lineEntryTTL.Milliseconds(), head.req.cfg.token}}
 	l.s.batch.of(l.k.holders).submit(call)
 	head.handed = true
 	l.settle(head, q, nil)
@@ -109,7 +109,7 @@ func (l *line) moveSeat(call *evalCall, q *Permit, sent time.Time) (bool, error)
 	<-call.done
 	vals, err := call.cmd.Slice()
 	var nums [4]int64
-	if err == nil && len(vals) != len(nums)+2 {
+	if err == nil && len(vals) != len(nums) {
 		err = fmt.Errorf("semaphore: hand-over script replied %d values", len(vals))
 	}
 	for i := 0; err == nil && i < len(nums); i++ {
@@ -128,7 +128,6 @@ func (l *line) moveSeat(call *evalCall, q *Permit, sent time.Time) (bool, error)
 	l.aheadTicket = nums[2]
 	l.mu.Unlock()
 	l.s.clock.observe(nums[3], sent, time.Now())
-	l.s.woke(l.key, replyStrings(vals[4]))
 	q.handOverDone(moved, time.UnixMilli(nums[1]))
 	return moved, nil
 }
@@ -150,11 +149,7 @@ func (l *line) handOverThroughStore(p *Permit) (held, handed bool, err error) {
 // releasePlain frees p's seat, decides "held" by the store's clock, and
 // wakes the waiters first in line, in one call.
 func (s *Service) releasePlain(p *Permit) (bool, error) {
-	script := plainReleaseScript
-	if s.usesRoom("") {
-		script = releaseScript
-	}
-	vals, err := s.batch.of(p.k.holders).run(script, p.k.all(), p.member, p.capacity, s.wakePrefix(), p.key, s.wakeFlag()).Slice()
+	vals, err := s.batch.of(p.k.holders).run(releaseScript, p.k.all(), p.member, p.capacity, s.wakePrefix(), p.key, s.wakeFlag()).Slice()
 	if err != nil {
 		return false, err
 	}

@@ -244,11 +244,6 @@ func checkToken(token string) error {
 	return nil
 }
 
-// usesRoom reports whether a call for token touches a waiting room: it
-// does when it carries a token, or when this Service lets tokens out. Other
-// calls run the scripts without room.lua.
-func (s *Service) usesRoom(token string) bool { return token != "" || s.onWake != nil }
-
 // wakeFlag tells the scripts whether to let tokens out of a room: only a
 // Service with OnWake does, so that others leave the rooms alone.
 func (s *Service) wakeFlag() string {

@@ -46,14 +46,8 @@ func script(name string) *redis.Script {
 	return redis.NewScript(luaFile(name))
 }
 
-// seatScript is a script that uses the functions of seats.lua, which comes
-// first.
-func seatScript(name string) *redis.Script {
-	return redis.NewScript(luaFile("seats.lua") + luaFile(name))
-}
-
-// roomScript is a script that uses the waiting room's functions too:
-// seats.lua, then room.lua, come first. Its KEYS are those of keys.all.
+// roomScript is a script that uses the functions of seats.lua and of the
+// waiting room (room.lua), which come first. Its KEYS are those of keys.all.
 func roomScript(name string) *redis.Script {
 	return redis.NewScript(luaFile("seats.lua") + luaFile("room.lua") + luaFile(name))
 }
@@ -67,12 +61,8 @@ func luaFile(name string) string {
 }
 
 var (
-	acquireScript = roomScript("acquire.lua")
-	releaseScript = roomScript("release.lua")
-	// A call that involves no waiting room (no token, no admission: see
-	// usesRoom) runs these, and does not pay for the room's functions.
-	plainAcquireScript = seatScript("acquire.lua")
-	plainReleaseScript = seatScript("release.lua")
+	acquireScript      = roomScript("acquire.lua")
+	releaseScript      = roomScript("release.lua")
 	handoffScript      = roomScript("handoff.lua")
 	forceReleaseScript = roomScript("forcerelease.lua")
 	enterScript        = roomScript("enter.lua")

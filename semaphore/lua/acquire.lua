@@ -36,8 +36,7 @@
 --         within the second (TIME's own two strings, unformatted), the
 --         tokens admitted from the room (a list), seats still free after
 --         this call, the waiter's ticket (its place in line; '' when that
---         is now, which the caller reads from TIME's strings), 1 when the
---         caller's token kept its standby place on a grant (see seated)}
+--         is now, which the caller reads from TIME's strings)}
 
 local holders, queue, qexp = KEYS[1], KEYS[2], KEYS[3]
 local ttl = tonumber(ARGV[2])
@@ -83,7 +82,7 @@ if waiting > 0 then
   end
 end
 
-local granted, kept = 0, 0
+local granted = 0
 if free > 0 then
   local ahead = 0
   if waiting > 0 then
@@ -106,7 +105,7 @@ if free > 0 then
     if redis.call('PTTL', holders) < ttl then
       redis.call('PEXPIRE', holders, ttl * 2)
     end
-    if token ~= '' then kept = seated(token) end
+    if token ~= '' then seated(token) end -- a token without a standby place leaves the room
     if entry ~= '' then
       if nextTicket ~= '' then
         waiting = waiting + redis.call('ZADD', queue, nextTicket, entry)
@@ -161,4 +160,4 @@ local tokens = {}
 if ARGV[11] == '1' and released == 1 then
   tokens = admit(now, math.max(free, 0))
 end
-return {granted, now, released, earliest, other, t[1], t[2], tokens, math.max(free, 0), ticket, kept}
+return {granted, now, released, earliest, other, t[1], t[2], tokens, math.max(free, 0), ticket}

@@ -6,7 +6,7 @@
 -- KEYS[2] queue    ZSET waiter entry -> ticket (arrival, server µs)
 -- KEYS[3] qexp     ZSET waiter entry -> entry expiry (server ms)
 -- KEYS[4..7]      the waiting room (see room.lua): the taker's token
---                  (ARGV[8]) is seated (see seated)
+--                  (ARGV[7]) is seated (see seated)
 -- ARGV[1] member giving the seat up
 -- ARGV[2] member taking it
 -- ARGV[3] the new lease's TTL, ms
@@ -14,14 +14,12 @@
 -- ARGV[5] the ticket of its next local waiter ('' if none): the entry, if
 --         queued, is re-stamped with it and refreshed
 -- ARGV[6] queue entry TTL, ms
--- ARGV[7] '1' when this Service hands admitted tokens on (it has OnWake)
--- ARGV[8] the taker's token in the room ('' for none)
--- ARGV[9] capacity (unused)
+-- ARGV[7] the taker's token in the room ('' for none)
+--
+-- A moved seat frees none, so no token is let out of the room.
 --
 -- Reply: {1 moved | 0 the seat was already lost (nothing moved), now ms,
---         first ticket of another entry in line ('' if none), now µs,
---         the tokens admitted from the room (a list, empty: a moved seat
---         frees none), 1 when the taker's token kept its standby place}
+--         first ticket of another entry in line ('' if none), now µs}
 
 local holders, queue, qexp = KEYS[1], KEYS[2], KEYS[3]
 local ttl = tonumber(ARGV[3])
@@ -53,6 +51,5 @@ if ARGV[5] ~= '' and #first > 0 then
   redis.call('ZADD', queue, 'XX', ARGV[5], ARGV[4])
   redis.call('ZADD', qexp, 'XX', now + tonumber(ARGV[6]), ARGV[4])
 end
-local kept = 0
-if moved == 1 then kept = seated(ARGV[8]) end
-return {moved, now, other, nowus, {}, kept}
+if moved == 1 and ARGV[7] ~= '' then seated(ARGV[7]) end
+return {moved, now, other, nowus}

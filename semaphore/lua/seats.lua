@@ -1,5 +1,5 @@
 -- seats.lua: what every script that takes or frees seats shares, prepended
--- to it (see seatScript in semaphore.go).
+-- to it before room.lua (see roomScript in semaphore.go).
 --
 -- KEYS[1] holders  ZSET member -> lease expiry (server ms)
 
