@@ -161,8 +161,8 @@ func TestFullSemaphoreNeverArchives(t *testing.T) {
 	if err := blocker.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// The release was not the worker's, so nothing wakes the parked tasks:
-	// they come back after the safety-net delay (10 s).
+	// The release was not the worker's Service (it admits no tokens), so
+	// the worker's sweep of the rooms it knows lets the parked tasks out.
 	waitfor.Condition(t, 30*time.Second, "both tasks ran", func() bool {
 		_, a := ran.Load("retries-left")
 		_, b := ran.Load("no-retry")

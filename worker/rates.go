@@ -163,40 +163,65 @@ func (w *Worker) parkForTokens(ctx context.Context, r *rateTake, token string) *
 // rateWakes runs, for each rate limit whose room this process parked tasks
 // in, one loop that brings them back as their tokens come due.
 type rateWakes struct {
-	mu      sync.Mutex
+	mu sync.Mutex
+	// running maps the key of each loop that runs to whether a task
+	// parked since the loop last found the room empty: a loop ends only
+	// when it is false, so that no parked task is left unwatched.
 	running map[string]bool
 }
 
-// watch starts the loop of r's key unless it runs.
+// watch starts the loop of r's key, or tells the running one that a task
+// parked.
 func (rw *rateWakes) watch(w *Worker, r rateTake) {
 	rw.mu.Lock()
 	defer rw.mu.Unlock()
 	if rw.running == nil {
 		rw.running = map[string]bool{}
 	}
-	if rw.running[r.key] || w.runCtx == nil {
+	if _, runs := rw.running[r.key]; runs || w.runCtx == nil {
+		if runs {
+			rw.running[r.key] = true
+		}
 		return
 	}
-	rw.running[r.key] = true
+	rw.running[r.key] = false
 	go rw.loop(w, r)
+}
+
+// done ends the loop of key unless a task parked since it found the room
+// empty; then it reports false, and the loop goes on.
+func (rw *rateWakes) done(key string) bool {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	if rw.running[key] {
+		rw.running[key] = false
+		return false
+	}
+	delete(rw.running, key)
+	return true
 }
 
 // loop brings back the tasks of r's room, one a token, until it is empty
 // or the worker stops.
 func (rw *rateWakes) loop(w *Worker, r rateTake) {
-	defer func() {
-		rw.mu.Lock()
-		delete(rw.running, r.key)
-		rw.mu.Unlock()
-	}()
 	ctx := w.runCtx
+	defer func() {
+		if ctx.Err() != nil { // the worker stops: nothing is watched any more
+			rw.mu.Lock()
+			delete(rw.running, r.key)
+			rw.mu.Unlock()
+		}
+	}()
 	mark := rateMark(r.key)
 	for ctx.Err() == nil {
 		limit := w.limitFor(r.key, r.template, r.spec.LimitFor(r.key))
 		token, wait, err := w.limiter.NextDue(ctx, r.key, limit, r.spec.Cost)
 		switch {
 		case errors.Is(err, ratelimit.ErrRoomEmpty):
-			return
+			if rw.done(r.key) {
+				return
+			}
+			continue
 		case err != nil:
 			if ctx.Err() == nil {
 				w.log.Warn("worker: bring back tasks that waited for tokens (they come back by themselves)", "key", r.key, "err", err)

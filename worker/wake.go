@@ -47,15 +47,16 @@ func (k *waker) onWake(key string, tokens []string) {
 // bringBack moves the task of token to its queue; false when it no longer
 // waits (its message lacks mark, the start of the requeue error it waits
 // with). A task that is still in its handler (parking itself) or not
-// enqueued yet (its producer parks it) is waited for a moment; if it does
-// not show up, its place lapses back to the room.
+// enqueued yet (its producer parks it) is asked for again, 1 ms later, then
+// 2, 4 and 8 ms apart, for 200 ms; if it does not show up, its place
+// lapses back to the room.
 func (k *waker) bringBack(ctx context.Context, mark, token string) bool {
 	queue, id, ok := strings.Cut(token, "\x00")
 	if !ok {
 		return false
 	}
 	deadline := time.Now().Add(200 * time.Millisecond)
-	for {
+	for pause := time.Millisecond; ; pause = min(2*pause, 8*time.Millisecond) {
 		res, err := asynqx.Wake(ctx, k.rdb, queue, id, mark, WaitsForHeader)
 		switch {
 		case err != nil:
@@ -67,7 +68,7 @@ func (k *waker) bringBack(ctx context.Context, mark, token string) bool {
 			select {
 			case <-ctx.Done():
 				return true
-			case <-time.After(time.Millisecond):
+			case <-time.After(pause):
 			}
 		case res == asynqx.Busy:
 			return true // its place lapses back to the room

@@ -361,7 +361,11 @@ func TestKeepInsteadOfArchive(t *testing.T) {
 	if info.Retried != 0 || info.MaxRetry != 0 || !strings.Contains(info.LastErr, "waiting for seat of k") {
 		t.Fatalf("kept task: retried %d of %d, last error %q", info.Retried, info.MaxRetry, info.LastErr)
 	}
-	if q, _ := s.insp.GetQueueInfo("q"); q.Archived != 1 {
+	q, err := s.insp.GetQueueInfo("q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.Archived != 1 {
 		t.Fatalf("%d tasks archived, want only the one not kept", q.Archived)
 	}
 	waitfor.Condition(t, 5*time.Second, "asynq warns before archiving", func() bool {
