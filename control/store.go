@@ -94,7 +94,7 @@ func (s *Store) Channel() string { return s.key + ":changed" }
 // announce tells the Readers that the overrides changed.
 func (s *Store) announce(ctx context.Context) error {
 	if err := s.rdb.Publish(ctx, s.Channel(), "1").Err(); err != nil {
-		return fmt.Errorf("control: announce a change (readers see it within their interval): %w", err)
+		return fmt.Errorf("%w: %w", ErrNotAnnounced, err)
 	}
 	return nil
 }
@@ -201,9 +201,17 @@ type storedRate struct {
 func checkKey(key string) error {
 	switch {
 	case key == "":
-		return errors.New("control: empty key")
+		return fmt.Errorf("%w: empty key", ErrBadKey)
 	case len(key) > MaxKeyLen:
-		return fmt.Errorf("control: key is %d bytes, longer than the %d allowed", len(key), MaxKeyLen)
+		return fmt.Errorf("%w: %d bytes, longer than the %d allowed", ErrBadKey, len(key), MaxKeyLen)
 	}
 	return nil
 }
+
+// ErrBadKey is the error of a key no override can have (empty, or too
+// long): the caller's mistake, not the store's.
+var ErrBadKey = errors.New("control: bad key")
+
+// ErrNotAnnounced is the error of a change that was written but not
+// announced: it is in force, and Readers see it at their next read.
+var ErrNotAnnounced = errors.New("control: the change is written but not announced (readers see it within their interval)")

@@ -76,8 +76,7 @@ func (c *controlAPI) putCapacity(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, fmt.Sprintf("unknown semaphore key %q: neither a declared key or template nor a key a declared template renders", key))
 		return
 	}
-	if err := c.overrides.Store().SetCapacity(r.Context(), key, *req.Capacity); err != nil {
-		c.storeFailed(w, "set capacity", key, err)
+	if err := c.overrides.Store().SetCapacity(r.Context(), key, *req.Capacity); !c.stored(w, "set capacity", key, err) {
 		return
 	}
 	c.server.log.Warn("monitoring: admin set a capacity override", "key", key, "capacity", *req.Capacity,
@@ -93,8 +92,7 @@ func (c *controlAPI) deleteCapacity(w http.ResponseWriter, r *http.Request) {
 	// A key no longer declared may still carry an override: it can always
 	// be cleared.
 	cleared, err := c.overrides.Store().ClearCapacity(r.Context(), key)
-	if err != nil {
-		c.storeFailed(w, "clear capacity", key, err)
+	if !c.stored(w, "clear capacity", key, err) {
 		return
 	}
 	c.server.log.Warn("monitoring: admin cleared a capacity override", "key", key, "cleared", cleared, "remote", r.RemoteAddr)
@@ -134,8 +132,7 @@ func (c *controlAPI) putRate(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, fmt.Sprintf(`"burst" %d is below the %d tokens a task of key %q takes: such a task could never run`, limit.Burst, info.MaxCost, key))
 		return
 	}
-	if err := c.overrides.Store().SetRate(r.Context(), key, limit); err != nil {
-		c.storeFailed(w, "set rate", key, err)
+	if err := c.overrides.Store().SetRate(r.Context(), key, limit); !c.stored(w, "set rate", key, err) {
 		return
 	}
 	c.server.log.Warn("monitoring: admin set a rate override", "key", key, "limit", limit.String(),
@@ -149,8 +146,7 @@ func (c *controlAPI) deleteRate(w http.ResponseWriter, r *http.Request) {
 	}
 	key := r.PathValue("key")
 	cleared, err := c.overrides.Store().ClearRate(r.Context(), key)
-	if err != nil {
-		c.storeFailed(w, "clear rate", key, err)
+	if !c.stored(w, "clear rate", key, err) {
 		return
 	}
 	c.server.log.Warn("monitoring: admin cleared a rate override", "key", key, "cleared", cleared, "remote", r.RemoteAddr)
@@ -208,9 +204,23 @@ func (c *controlAPI) refresh(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
-func (c *controlAPI) storeFailed(w http.ResponseWriter, what, key string, err error) {
+// stored reports whether a change to the store went through, and answers
+// the request when it did not: 400 for a bad key, 503 when the store
+// failed. A change written but not announced went through: it is logged.
+func (c *controlAPI) stored(w http.ResponseWriter, what, key string, err error) bool {
+	switch {
+	case err == nil:
+		return true
+	case errors.Is(err, control.ErrNotAnnounced):
+		c.server.log.Warn("monitoring: admin override written, not announced", "action", what, "key", key, "err", err)
+		return true
+	case errors.Is(err, control.ErrBadKey):
+		badRequest(w, err.Error())
+		return false
+	}
 	c.server.log.Error("monitoring: admin override failed", "action", what, "key", key, "err", err)
 	writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+	return false
 }
 
 // decodeBody decodes one JSON object into v, refusing unknown fields,

@@ -114,6 +114,12 @@ func TestBadOverrideBodies(t *testing.T) {
 			}
 		})
 	}
+	long := strings.Repeat("k", 1100)
+	for _, path := range []string{"/api/semaphores/" + long + "/capacity", "/api/ratelimits/" + long} {
+		if code, body := f.send(t, "DELETE", path, "Bearer "+adminToken, ""); code != http.StatusBadRequest || !strings.Contains(body, "longer than the 1024 allowed") {
+			t.Errorf("DELETE of a %d-byte key = %d %s, want 400 naming the length", len(long), code, body)
+		}
+	}
 	if o, err := f.store.Load(context.Background()); err != nil || len(o.Capacities)+len(o.Rates) != 0 {
 		t.Errorf("overrides after bad requests: %+v, %v; want none", o, err)
 	}
