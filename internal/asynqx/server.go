@@ -70,15 +70,25 @@ func NewServerClient(rdb redis.UniversalClient, queues []string, maxIdle time.Du
 	return c
 }
 
-// Stop ends every wait for work and lets later dequeues through at once:
-// call it before the asynq server's Stop, which waits for the dequeue in
-// progress.
+// Stop ends every wait for work and lets later dequeues through at once,
+// and hands on the watch of the queues this worker holds, so that a push
+// wakes another idle worker at once: call it before the asynq server's
+// Stop, which waits for the dequeue in progress.
 func (c *ServerClient) Stop() {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	var held []string
 	if !c.stopped {
 		c.stopped = true
 		close(c.stop)
+		for q, on := range c.onDuty {
+			if on {
+				held = append(held, q)
+			}
+		}
+	}
+	c.mu.Unlock()
+	for _, q := range held {
+		c.passOn(q)
 	}
 }
 
