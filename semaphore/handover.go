@@ -97,7 +97,9 @@ func (l *line) settleHeadWith(p *Permit) (call *evalCall, q *Permit, ok bool) {
 	head.handed = true
 	l.settle(head, q, nil)
 	if len(l.waiters) == 0 {
-		l.nudge() // the line's goroutine takes our entry out of the fleet-wide line
+		// The call takes our entry out of the fleet-wide line; the line's
+		// goroutine stops.
+		l.nudge()
 	}
 	return call, q, true
 }

@@ -5,14 +5,16 @@
 -- KEYS[1] holders  ZSET member -> lease expiry (server ms)
 -- KEYS[2] queue    ZSET waiter entry -> ticket (arrival, server µs)
 -- KEYS[3] qexp     ZSET waiter entry -> entry expiry (server ms)
--- KEYS[4..7]      the waiting room (see room.lua): the taker's token
+-- KEYS[4..8]      the waiting room (see room.lua): the taker's token
 --                  (ARGV[7]) is seated (see seated)
 -- ARGV[1] member giving the seat up
 -- ARGV[2] member taking it
 -- ARGV[3] the new lease's TTL, ms
 -- ARGV[4] this process's waiter entry
 -- ARGV[5] the ticket of its next local waiter ('' if none): the entry, if
---         queued, is re-stamped with it and refreshed
+--         queued, is re-stamped with it and refreshed; with none it
+--         leaves the line in this call, so that nobody, this process's
+--         next TryAcquire included, finds it standing ahead of a free seat
 -- ARGV[6] queue entry TTL, ms
 -- ARGV[7] the taker's token in the room ('' for none)
 --
@@ -50,6 +52,9 @@ end
 if ARGV[5] ~= '' and #first > 0 then
   redis.call('ZADD', queue, 'XX', ARGV[5], ARGV[4])
   redis.call('ZADD', qexp, 'XX', now + tonumber(ARGV[6]), ARGV[4])
+elseif ARGV[5] == '' and #first > 0 then
+  redis.call('ZREM', queue, ARGV[4])
+  redis.call('ZREM', qexp, ARGV[4])
 end
 if moved == 1 and ARGV[7] ~= '' then seated(ARGV[7]) end
 return {moved, now, other, nowus}
