@@ -32,11 +32,18 @@ type Room struct {
 	Transit time.Duration
 	// TTL is how long the room's keys outlive their last use.
 	TTL time.Duration
+	// Audit is how often, fleet-wide, one Admit call is handed the tokens
+	// parked in the room to check (see Admit); 0: never.
+	Audit time.Duration
 }
 
+// auditMax is the most parked tokens one audit is handed: the first by
+// arrival, the ones whose turn comes next.
+const auditMax = 1000
+
 func (r Room) check() error {
-	if r.Standby < 0 || r.Hold < time.Millisecond || r.Transit < time.Millisecond || r.TTL < time.Millisecond {
-		return fmt.Errorf("semaphore: Room wants Standby >= 0 and Hold, Transit and TTL of at least 1ms, got %+v", r)
+	if r.Standby < 0 || r.Hold < time.Millisecond || r.Transit < time.Millisecond || r.TTL < time.Millisecond || r.Audit < 0 {
+		return fmt.Errorf("semaphore: Room wants Standby >= 0, Hold, Transit and TTL of at least 1ms and Audit >= 0, got %+v", r)
 	}
 	return nil
 }
@@ -68,6 +75,18 @@ func (e *Entry) Settle(ctx context.Context) error {
 	}
 	e.holdsPlace = false
 	return e.s.Dismiss(ctx, e.key, e.token)
+}
+
+// StepAside gives up the token's standby place, if it holds one, when its
+// task goes back without starting (it waits for another key, or goes back
+// to its queue): the place goes to the next token, and the token keeps its
+// arrival for when it comes back (see Service.StepAside).
+func (e *Entry) StepAside(ctx context.Context) error {
+	if !e.holdsPlace {
+		return nil
+	}
+	e.holdsPlace = false
+	return e.s.StepAside(ctx, e.key, e.token)
 }
 
 // Enter asks for a seat of key (a semaphore of permits seats; 0 pauses
@@ -204,21 +223,50 @@ func (s *Service) Dismiss(ctx context.Context, key, token string) error {
 
 // Admit lets tokens out of key's waiting room for places and seats that
 // freed without a call that would have done it (a lease that ran out, a
-// worker that died), or that a new capacity or room opens. Call it now and
-// then for the keys you know, and when their capacity changes.
-func (s *Service) Admit(ctx context.Context, key string, permits int, room Room) error {
+// worker that died, a task that never showed up for its place), or that a
+// new capacity or room opens. Call it now and then for the keys you know,
+// and when their capacity changes. Once every room.Audit, fleet-wide, one
+// call also returns the tokens parked in the room (the first 1000 by
+// arrival): its caller checks that their tasks still wait and Dismisses
+// the others, so that a task removed while it waited (deleted from its
+// queue by an operator) leaves no token behind.
+func (s *Service) Admit(ctx context.Context, key string, permits int, room Room) (audit []string, err error) {
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	if err := room.check(); err != nil {
+		return nil, err
+	}
+	if permits < 0 {
+		return nil, fmt.Errorf("semaphore: permits must be >= 0, got %d", permits)
+	}
+	vals, err := admitScript.Run(ctx, s.rdb, s.keysFor(key).all(), permits, room.Standby, room.Transit.Milliseconds(),
+		room.TTL.Milliseconds(), s.wakeFlag(), room.Audit.Milliseconds(), auditMax).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("semaphore: admit on %q: %w", key, err)
+	}
+	if len(vals) != 2 {
+		return nil, fmt.Errorf("semaphore: admit script replied %d values", len(vals))
+	}
+	s.woke(key, replyStrings(vals[0]))
+	return replyStrings(vals[1]), nil
+}
+
+// StepAside takes token out of key's waiting room for a while: its task
+// waits elsewhere (for a seat of another key, or in a paused queue), so it
+// gives up its place, which goes to the next token, but keeps its arrival
+// (for an hour) for when it comes back: it then takes its old place in
+// line.
+func (s *Service) StepAside(ctx context.Context, key, token string) error {
 	if err := checkKey(key); err != nil {
 		return err
 	}
-	if err := room.check(); err != nil {
+	if err := checkToken(token); err != nil {
 		return err
 	}
-	if permits < 0 {
-		return fmt.Errorf("semaphore: permits must be >= 0, got %d", permits)
-	}
-	vals, err := admitScript.Run(ctx, s.rdb, s.keysFor(key).all(), permits, room.Standby, room.Transit.Milliseconds(), room.TTL.Milliseconds(), s.wakeFlag()).Slice()
+	vals, err := asideScript.Run(ctx, s.rdb, s.keysFor(key).all(), token, s.wakeFlag()).Slice()
 	if err != nil {
-		return fmt.Errorf("semaphore: admit on %q: %w", key, err)
+		return fmt.Errorf("semaphore: step aside from %q: %w", key, err)
 	}
 	s.woke(key, replyStrings(vals))
 	return nil

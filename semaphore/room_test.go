@@ -216,7 +216,7 @@ func TestRoomPlaces(t *testing.T) {
 		t.Fatal("b lost its place")
 	}
 	serverClockPasses(t, srv.Client(), 60*time.Millisecond)
-	if err := s.Admit(ctx, key, 1, short); err != nil {
+	if _, err := s.Admit(ctx, key, 1, short); err != nil {
 		t.Fatal(err)
 	}
 	if token := woken.next(t); token != "b" {

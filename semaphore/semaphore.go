@@ -69,6 +69,7 @@ var (
 	parkScript         = roomScript("park.lua")
 	dismissScript      = roomScript("dismiss.lua")
 	admitScript        = roomScript("admit.lua")
+	asideScript        = roomScript("aside.lua")
 	extendScript       = script("extend.lua")
 	leaveScript        = script("leave.lua")
 	holdersScript      = script("holders.lua")
@@ -165,20 +166,21 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 
 // keys are the Redis keys of one semaphore; they share the hash tag {key}
 // (see hashTag). A holder's label travels inside its member of holders
-// (see member). The last four are the waiting room (lua/room.lua).
+// (see member). The last five are the waiting room (lua/room.lua).
 type keys struct {
-	holders, queue, qexp, parked, standby, since, room string
+	holders, queue, qexp, parked, standby, since, room, aside string
 }
 
 func (s *Service) keysFor(key string) keys {
 	base := s.prefix + "{" + hashTag(key) + "}:"
 	return keys{holders: base + "holders", queue: base + "queue", qexp: base + "qexp",
-		parked: base + "parked", standby: base + "standby", since: base + "since", room: base + "room"}
+		parked: base + "parked", standby: base + "standby", since: base + "since", room: base + "room",
+		aside: base + "aside"}
 }
 
 // all is the KEYS of a roomScript.
 func (k keys) all() []string {
-	return []string{k.holders, k.queue, k.qexp, k.parked, k.standby, k.since, k.room}
+	return []string{k.holders, k.queue, k.qexp, k.parked, k.standby, k.since, k.room, k.aside}
 }
 
 // tagEscaper makes any key a valid hash tag: Redis Cluster hashes what

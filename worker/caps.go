@@ -167,6 +167,7 @@ func (s seat) room(parkedRetry time.Duration) semaphore.Room {
 		Hold:    s.spec.WaitTimeout + standbyMargin,
 		Transit: transitTime,
 		TTL:     3 * parkedRetry,
+		Audit:   auditInterval,
 	}
 }
 
@@ -174,10 +175,12 @@ func (s seat) room(parkedRetry time.Duration) semaphore.Room {
 // seat up to its cap's wait_timeout; the place outlives that by
 // standbyMargin, so that only a dead worker's place lapses. A task let out
 // of the room has transitTime to reach a slot (it is pushed to the front of
-// its queue: usually milliseconds) before its place goes back to the room.
+// its queue: usually milliseconds) before its place goes back to the room,
+// which lets it out again first, if it still waits: so a task deleted on
+// its way gives its place back within about a second.
 const (
 	standbyMargin = 5 * time.Second
-	transitTime   = 30 * time.Second
+	transitTime   = time.Second
 )
 
 // seatsFor renders the caps of a task, sorted by key (see renderSeats),

@@ -25,30 +25,34 @@ const (
 )
 
 // recoverLoop runs until ctx is done: every recoverInterval it brings back
-// the tasks of dead workers and sweeps the waiting rooms (see sweep); it
-// sweeps at once when an operator's override changes a capacity, so that
-// the whole fleet applies it within a second.
+// the tasks of dead workers, and every sweepInterval it sweeps the waiting
+// rooms (see sweep); it sweeps at once when an operator's override changes
+// a capacity, so that the whole fleet applies it within a second.
 func (w *Worker) recoverLoop(ctx context.Context) {
 	t := time.NewTicker(overridesCheck)
 	defer t.Stop()
 	last := w.overrides.Overrides()
-	next := time.Now().Add(recoverInterval)
+	nextRecover := time.Now().Add(recoverInterval)
+	nextSweep := time.Now().Add(sweepInterval)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		now := time.Now()
 		if cur := w.overrides.Overrides(); !reflect.DeepEqual(cur.Capacities, last.Capacities) {
 			last = cur
+			nextSweep = now
+		}
+		if !now.Before(nextRecover) {
+			nextRecover = now.Add(recoverInterval)
+			w.recoverOnce(ctx)
+		}
+		if !now.Before(nextSweep) {
+			nextSweep = now.Add(sweepInterval)
 			w.sweep(ctx)
 		}
-		if time.Now().Before(next) {
-			continue
-		}
-		next = time.Now().Add(recoverInterval)
-		w.recoverOnce(ctx)
-		w.sweep(ctx)
 	}
 }
 

@@ -159,10 +159,11 @@ func (w *Worker) takeSeats(ctx context.Context, seats []seat, token string) ([]h
 	}
 }
 
-// leaveOtherRooms takes the token of a task parked in the room of key out
-// of the rooms of its other caps: a standby place it held there (it was let
-// out for that cap) goes to the next token of that cap, instead of waiting
-// for a task that waits elsewhere.
+// leaveOtherRooms steps the token of a task parked in the room of key
+// aside in the rooms of its other caps: a standby place it held there (it
+// was let out for that cap) goes to the next token of that cap, instead of
+// waiting for a task that waits elsewhere, and its arrival there is kept
+// for when it comes back.
 func (w *Worker) leaveOtherRooms(ctx context.Context, seats []seat, key, token string) {
 	if len(seats) < 2 {
 		return
@@ -173,7 +174,7 @@ func (w *Worker) leaveOtherRooms(ctx context.Context, seats []seat, key, token s
 		if s.key == key {
 			continue
 		}
-		if err := w.sem.Dismiss(dctx, s.key, token); err != nil {
+		if err := w.sem.StepAside(dctx, s.key, token); err != nil {
 			w.log.Warn("worker: leave a waiting room (its place lapses by itself)", "key", s.key, "err", err)
 		}
 	}
@@ -211,15 +212,25 @@ func (w *Worker) enterAll(ctx context.Context, taken []heldSeat, token string) (
 	return -1, nil, nil
 }
 
-// giveBack releases the seats taken so far, and their standby places.
+// giveBack releases the seats taken so far, and steps aside from their
+// standby places: the task does not start now, and keeps its arrival in
+// each room for when it comes back.
 func (w *Worker) giveBack(ctx context.Context, taken []heldSeat) {
 	for i, hs := range taken {
 		if hs.permit != nil {
 			w.release(ctx, hs.key, hs.permit)
 			taken[i].permit = nil
 		}
+		if hs.entry == nil {
+			continue
+		}
+		taken[i].entry = nil
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeCallTimeout)
+		if err := hs.entry.StepAside(sctx); err != nil {
+			w.log.Warn("worker: give up a standby place (it lapses by itself)", "key", hs.key, "err", err)
+		}
+		cancel()
 	}
-	w.settle(ctx, taken)
 }
 
 // settle gives up the standby places the task's seats still hold (see

@@ -19,10 +19,14 @@ import (
 // (a place freed: a task took a seat, gave up, or a seat freed with places
 // to spare), onWake moves it to the dequeuing end of its queue
 // (asynqx.Wake), so that it runs before the tasks that came after it, and
-// its place waits for it. Only a task that still waits for that seat is
-// moved: never one that completed, failed, was archived or waits for
-// another key meanwhile; such a token is dismissed and its place goes to
-// the next. Its delay in asynq is only the safety net.
+// its place waits for it (a second, renewed each time the room lets it out
+// again while it is still on its way). Only a task that still waits for
+// that seat is moved: never one that completed, failed, was archived or
+// deleted, or waits for another key meanwhile; such a token is dismissed
+// and its place goes to the next. A task run by hand waits pending with
+// its place. A task of a paused queue steps aside: it holds no place while
+// its queue is paused, and keeps its arrival for when it resumes. Its
+// delay in asynq is only the safety net.
 type waker struct {
 	sem *semaphore.Service
 	rdb redis.UniversalClient
@@ -34,57 +38,98 @@ func (k *waker) onWake(key string, tokens []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), storeCallTimeout)
 	defer cancel()
 	for _, token := range tokens {
-		if !k.bringBack(ctx, requeueMark(key), token) {
+		var err error
+		switch k.bringBack(ctx, requeueMark(key), token) {
+		case asynqx.Gone:
 			// Not waiting any more: its place goes to the next token,
 			// handed to onWake again.
-			if err := k.sem.Dismiss(ctx, key, token); err != nil {
-				k.log.Warn("worker: dismiss a token whose task no longer waits (its place lapses by itself)", "key", key, "err", err)
-			}
+			err = k.sem.Dismiss(ctx, key, token)
+		case asynqx.Paused:
+			err = k.sem.StepAside(ctx, key, token)
+		}
+		if err != nil {
+			k.log.Warn("worker: give up the place of a task that does not come for it now (the place lapses by itself)", "key", key, "err", err)
 		}
 	}
 }
 
-// bringBack moves the task of token to its queue; false when it no longer
-// waits (its message lacks mark, the start of the requeue error it waits
-// with). A task that is still in its handler (parking itself) or not
-// enqueued yet (its producer parks it) is asked for again, 1 ms later, then
-// 2, 4 and 8 ms apart, for 200 ms; if it does not show up, its place
-// lapses back to the room.
-func (k *waker) bringBack(ctx context.Context, mark, token string) bool {
+// bringBack moves the task of token to the dequeuing end of its queue and
+// says what it found (see asynqx.Wake; mark is the start of the requeue
+// error it waits with). A task that is still in its handler (parking
+// itself) is asked for again, 1 ms later, then 2, 4 and 8 ms apart, for
+// 200 ms; if it is still there, or Redis fails, Busy: its place lapses
+// back to the room, keeping its arrival.
+func (k *waker) bringBack(ctx context.Context, mark, token string) asynqx.WakeResult {
 	queue, id, ok := strings.Cut(token, "\x00")
 	if !ok {
-		return false
+		return asynqx.Gone
 	}
 	deadline := time.Now().Add(200 * time.Millisecond)
 	for pause := time.Millisecond; ; pause = min(2*pause, 8*time.Millisecond) {
 		res, err := asynqx.Wake(ctx, k.rdb, queue, id, mark, WaitsForHeader)
-		switch {
-		case err != nil:
+		if err != nil {
 			k.log.Warn("worker: wake a parked task (it comes back by itself)", "queue", queue, "id", id, "err", err)
-			return true // its place lapses back to the room
-		case res == asynqx.Woken:
-			return true
-		case res == asynqx.Busy && time.Now().Before(deadline):
-			select {
-			case <-ctx.Done():
-				return true
-			case <-time.After(pause):
-			}
-		case res == asynqx.Busy:
-			return true // its place lapses back to the room
-		default:
-			return false
+			return asynqx.Busy
+		}
+		if res != asynqx.Busy || time.Now().After(deadline) {
+			return res
+		}
+		select {
+		case <-ctx.Done():
+			return asynqx.Busy
+		case <-time.After(pause):
 		}
 	}
 }
 
-// sweep lets tasks out of the rooms of the keys this process knows, for
-// places and seats that freed without a call that would have done it (a
-// lease that ran out, a worker that died) or that a new capacity opened.
+// The sweep: every sweepInterval each worker lets tasks out of the rooms
+// of the keys it knows, for places and seats that freed without a call
+// that would have done it (a lease that ran out, a worker that died, a
+// task that never came for its place), and, one worker per room and
+// audit interval, checks that the parked tasks still exist: a task
+// deleted while it waited is dismissed within a second or two.
+const (
+	sweepInterval = time.Second
+	auditInterval = time.Second
+)
+
+// sweep lets tasks out of the rooms of the keys this process knows, and
+// audits the rooms it is handed.
 func (w *Worker) sweep(ctx context.Context) {
 	for _, s := range w.knownSeats() {
-		if err := w.sem.Admit(ctx, s.key, s.capacity, s.room(w.cfg.Worker.ParkedRetry)); err != nil && ctx.Err() == nil {
-			w.log.Warn("worker: let tasks out of a waiting room", "key", s.key, "err", err)
+		audit, err := w.sem.Admit(ctx, s.key, s.capacity, s.room(w.cfg.Worker.ParkedRetry))
+		if err != nil {
+			if ctx.Err() == nil {
+				w.log.Warn("worker: let tasks out of a waiting room", "key", s.key, "err", err)
+			}
+			continue
+		}
+		w.audit(ctx, s.key, audit)
+	}
+}
+
+// audit dismisses the tokens of key's room whose tasks no longer exist or
+// are done.
+func (w *Worker) audit(ctx context.Context, key string, tokens []string) {
+	byQueue := map[string][]string{}
+	for _, token := range tokens {
+		if queue, id, ok := strings.Cut(token, "\x00"); ok {
+			byQueue[queue] = append(byQueue[queue], id)
+		}
+	}
+	for queue, ids := range byQueue {
+		gone, err := asynqx.Missing(ctx, w.rdb, queue, ids)
+		if err != nil {
+			if ctx.Err() == nil {
+				w.log.Warn("worker: check the tasks of a waiting room", "key", key, "err", err)
+			}
+			continue
+		}
+		for _, id := range gone {
+			w.log.Info("worker: a task that waited for a seat is gone (deleted or archived): its place goes to the next", "key", key, "queue", queue, "id", id)
+			if err := w.sem.Dismiss(ctx, key, queue+"\x00"+id); err != nil && ctx.Err() == nil {
+				w.log.Warn("worker: dismiss a token whose task is gone", "key", key, "err", err)
+			}
 		}
 	}
 }

@@ -23,6 +23,7 @@ package asynqx
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -42,6 +43,7 @@ type Keys struct {
 	Lease      string // ZSET id -> lease expiry, Unix s
 	Retry      string // ZSET id -> when to retry, Unix s
 	Scheduled  string // ZSET id -> when to process, Unix s
+	Paused     string // STRING, set while the queue is paused
 	TaskPrefix string // + id: the task's HASH (state, msg, ...)
 }
 
@@ -49,7 +51,7 @@ type Keys struct {
 func QueueKeys(queue string) Keys {
 	p := "asynq:{" + queue + "}:"
 	return Keys{Pending: p + "pending", Active: p + "active", Lease: p + "lease", Retry: p + "retry",
-		Scheduled: p + "scheduled", TaskPrefix: p + "t:"}
+		Scheduled: p + "scheduled", Paused: p + "paused", TaskPrefix: p + "t:"}
 }
 
 // Task reports the state asynq records for a task ("pending", "active",
@@ -75,19 +77,20 @@ type WakeResult int
 
 // The results of Wake.
 const (
-	Gone  WakeResult = iota // the task no longer waits for the seat: left alone
-	Woken                   // the task was moved to the dequeuing end of its queue
-	Busy                    // the task is being processed, or does not exist yet: it may be about to wait
+	Gone   WakeResult = iota // the task no longer waits for the seat (ran, deleted, waits for another key): left alone
+	Woken                    // the task is at the dequeuing end of its queue
+	Busy                     // the task is being processed: it may be about to wait
+	Paused                   // the task's queue is paused: it waits there, pending, until the queue resumes
 )
 
 // Wake moves a task that waits for a seat to the dequeuing end of its
 // queue, so that it runs next, but only while it still waits for that
 // seat: in the retry set with retryMark in its message (sent back by its
-// handler), or in the scheduled set with scheduledMark in it (enqueued to
-// wait).
+// handler), in the scheduled set with scheduledMark in it (enqueued to
+// wait), or pending already (run by hand, or woken before).
 func Wake(ctx context.Context, rdb redis.Scripter, queue, id, retryMark, scheduledMark string) (WakeResult, error) {
 	k := QueueKeys(queue)
-	n, err := wakeScript.Run(ctx, rdb, []string{k.TaskPrefix + id, k.Retry, k.Scheduled, k.Pending},
+	n, err := wakeScript.Run(ctx, rdb, []string{k.TaskPrefix + id, k.Retry, k.Scheduled, k.Pending, k.Paused},
 		id, retryMark, scheduledMark, time.Now().UnixNano()).Int()
 	if err != nil {
 		return Gone, fmt.Errorf("asynqx: wake task %s of queue %q: %w", id, queue, err)
@@ -97,8 +100,53 @@ func Wake(ctx context.Context, rdb redis.Scripter, queue, id, retryMark, schedul
 		return Woken, nil
 	case 2:
 		return Busy, nil
+	case 3:
+		return Paused, nil
 	}
 	return Gone, nil
+}
+
+// Missing returns the tasks of ids in queue that no longer exist or are
+// done (completed, archived): whatever removed them, they wait for nothing.
+// A task in the scheduled or retry set costs nothing more than the two
+// ZMSCOREs of the whole batch; others are looked up one by one.
+func Missing(ctx context.Context, rdb redis.UniversalClient, queue string, ids []string) ([]string, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	k := QueueKeys(queue)
+	pipe := rdb.Pipeline()
+	scheduled := pipe.ZMScore(ctx, k.Scheduled, ids...)
+	retry := pipe.ZMScore(ctx, k.Retry, ids...)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("asynqx: look up tasks of queue %q: %w", queue, err)
+	}
+	var others []string
+	for i, id := range ids {
+		if scheduled.Val()[i] == 0 && retry.Val()[i] == 0 {
+			others = append(others, id)
+		}
+	}
+	if len(others) == 0 {
+		return nil, nil
+	}
+	states := make([]*redis.StringCmd, len(others))
+	pipe = rdb.Pipeline()
+	for i, id := range others {
+		states[i] = pipe.HGet(ctx, k.TaskPrefix+id, "state")
+	}
+	_, _ = pipe.Exec(ctx) // each command's error is read below
+	var gone []string
+	for i, id := range others {
+		if err := states[i].Err(); err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("asynqx: look up task %s of queue %q: %w", id, queue, err)
+		}
+		switch states[i].Val() {
+		case "", "completed", "archived":
+			gone = append(gone, id)
+		}
+	}
+	return gone, nil
 }
 
 //go:embed lua/recover.lua

@@ -194,7 +194,8 @@ func TestWake(t *testing.T) {
 	}
 	plainScheduled := enqueue("ok", asynq.ProcessIn(time.Hour))
 
-	for name, id := range map[string]string{"completed": done, "archived": archived, "failed for real": failed, "scheduled (not a copy)": plainScheduled} {
+	for name, id := range map[string]string{"completed": done, "archived": archived, "failed for real": failed,
+		"scheduled (not a copy)": plainScheduled, "missing (deleted)": "no-such-task"} {
 		if res := wake(id); res != asynqx.Gone {
 			t.Fatalf("%s task: Wake = %v, want Gone", name, res)
 		}
@@ -203,15 +204,11 @@ func TestWake(t *testing.T) {
 		t.Fatalf("completed task moved to %s", st)
 	}
 
-	// A task being processed, or not there yet, is reported, and left
-	// alone.
+	// A task being processed is reported, and left alone.
 	busy := enqueue("block")
 	s.waitState(busy, "active")
 	if res := wake(busy); res != asynqx.Busy {
 		t.Fatalf("active task: Wake = %v, want Busy", res)
-	}
-	if res := wake("not-enqueued-yet"); res != asynqx.Busy {
-		t.Fatalf("missing task: Wake = %v, want Busy", res)
 	}
 	// Queue two tasks behind the busy one, then wake the parked task and
 	// the copy: they run before those two, which came earlier.
@@ -222,8 +219,13 @@ func TestWake(t *testing.T) {
 	if res := wake(scheduledCopy.ID); res != asynqx.Woken {
 		t.Fatalf("scheduled copy: Wake = %v, want Woken", res)
 	}
-	if res := wake(parked); res != asynqx.Gone {
-		t.Fatalf("a task woken twice: Wake = %v, want Gone", res)
+	// A task woken twice (or run by hand) is pending: it stays at the
+	// dequeuing end, once.
+	if res := wake(parked); res != asynqx.Woken {
+		t.Fatalf("a task woken twice: Wake = %v, want Woken", res)
+	}
+	if n, err := s.rdb.LLen(ctx, asynqx.QueueKeys("q").Pending).Result(); err != nil || n != 4 {
+		t.Fatalf("pending holds %d tasks (%v), want 4: the two woken and the two before them", n, err)
 	}
 	close(release)
 	s.waitState(earlier2, "") // done without Retention: deleted
@@ -235,8 +237,46 @@ func TestWake(t *testing.T) {
 	if pos(parked) < 0 || pos(scheduledCopy.ID) < 0 || pos(parked) > pos(earlier1) || pos(scheduledCopy.ID) > pos(earlier1) {
 		t.Fatalf("after the busy task ran %v; want the woken %s and %s before %s and %s", order, parked, scheduledCopy.ID, earlier1, earlier2)
 	}
-	if n := strings.Count(strings.Join(ran, ","), done); n != 1 {
-		t.Fatalf("the completed task ran %d times", n)
+	for _, id := range []string{done, parked, scheduledCopy.ID} {
+		if n := strings.Count(strings.Join(ran, ","), id); n != 1+boolInt(id == parked) {
+			t.Fatalf("task %s ran %d times", id, n)
+		}
+	}
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// TestWakeInAPausedQueue: a waiting task of a paused queue is made pending
+// (it runs once the queue resumes) and reported Paused, so that its place
+// goes to another task.
+func TestWakeInAPausedQueue(t *testing.T) {
+	s := newSeam(t)
+	ctx := context.Background()
+	const mark = `fleetcap: waiting for seat of "k"`
+	if err := s.insp.PauseQueue("q"); err != nil {
+		t.Fatal(err)
+	}
+	waiting, err := s.client.Enqueue(asynq.NewTaskWithHeaders("t", nil, map[string]string{"waits": "k"}), asynq.Queue("q"), asynq.ProcessIn(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pending, err := s.client.Enqueue(asynq.NewTask("t", nil), asynq.Queue("q"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{waiting.ID, pending.ID} {
+		res, err := asynqx.Wake(ctx, s.rdb, "q", id, mark, "waits")
+		if err != nil || res != asynqx.Paused {
+			t.Fatalf("task %s of a paused queue: Wake = %v, %v; want Paused", id, res, err)
+		}
+		if st := s.state(id); st != "pending" {
+			t.Fatalf("task %s of a paused queue is %s after Wake, want pending", id, st)
+		}
 	}
 }
 
@@ -443,5 +483,57 @@ func TestOneIdleWorkerWatches(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatalf("round %d: the task did not start within 10s (the servers wait up to a minute)", round)
 		}
+	}
+}
+
+// TestMissing: of the tasks it is asked about, Missing names those that
+// wait for nothing any more: deleted, completed or archived; not those
+// scheduled, retrying, pending or running.
+func TestMissing(t *testing.T) {
+	s := newSeam(t)
+	ctx := context.Background()
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	s.serve(func(ctx context.Context, task *asynq.Task) error {
+		switch string(task.Payload()) {
+		case "retry":
+			return errors.New("again")
+		case "archive":
+			return fmt.Errorf("bad: %w", asynq.SkipRetry)
+		case "block":
+			<-release
+		}
+		return nil
+	}, nil)
+	enqueue := func(payload string, opts ...asynq.Option) string {
+		info, err := s.client.Enqueue(asynq.NewTask("t", []byte(payload)), append([]asynq.Option{asynq.Queue("q"), asynq.MaxRetry(3)}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.ID
+	}
+	retrying := enqueue("retry")
+	s.waitState(retrying, "retry")
+	completed := enqueue("ok", asynq.Retention(time.Hour))
+	s.waitState(completed, "completed")
+	archived := enqueue("archive")
+	s.waitState(archived, "archived")
+	active := enqueue("block")
+	s.waitState(active, "active")
+	pending := enqueue("ok")
+	scheduled := enqueue("ok", asynq.ProcessIn(time.Hour))
+	deleted := enqueue("ok", asynq.ProcessIn(time.Hour))
+	if err := s.insp.DeleteTask("q", deleted); err != nil {
+		t.Fatal(err)
+	}
+	gone, err := asynqx.Missing(ctx, s.rdb, "q", []string{retrying, completed, archived, active, pending, scheduled, deleted})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(gone)
+	want := []string{completed, archived, deleted}
+	slices.Sort(want)
+	if !slices.Equal(gone, want) {
+		t.Fatalf("Missing = %v, want the completed, archived and deleted tasks %v", gone, want)
 	}
 }

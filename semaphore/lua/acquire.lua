@@ -5,7 +5,7 @@
 --                  permit id, or the permit id, "\n" and the holder label
 -- KEYS[2] queue    ZSET waiter entry -> ticket (arrival, server µs)
 -- KEYS[3] qexp     ZSET waiter entry -> entry expiry (server ms)
--- KEYS[4..7]      the waiting room (see room.lua): a grant takes the
+-- KEYS[4..8]      the waiting room (see room.lua): a grant takes the
 --                  caller's token (ARGV[12]) out; a seat freed or taken
 --                  by a token lets the next tokens out
 -- ARGV[1] member to grant

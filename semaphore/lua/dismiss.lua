@@ -2,7 +2,7 @@
 -- room.lua): its task no longer waits (it ran, or was deleted), or is
 -- nowhere to be found. Its standby place goes to the next token.
 --
--- KEYS[1..7] holders, queue, qexp, parked, standby, since, room
+-- KEYS[1..8] holders, queue, qexp, parked, standby, since, room, aside
 -- ARGV[1] token
 -- ARGV[2] '1' when this Service hands admitted tokens on (it has OnWake)
 --

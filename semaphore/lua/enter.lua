@@ -8,7 +8,7 @@
 -- KEYS[1] holders  ZSET member -> lease expiry (server ms)
 -- KEYS[2] queue    ZSET waiter entry -> ticket (the Acquire line)
 -- KEYS[3] qexp     ZSET waiter entry -> entry expiry (server ms)
--- KEYS[4..7]       the waiting room
+-- KEYS[4..8]       the waiting room
 -- ARGV[1] member to grant (permit id, or id "\n" label)
 -- ARGV[2] lease TTL, ms
 -- ARGV[3] capacity
@@ -38,7 +38,10 @@ local nowus = micros(t)
 local free = capacity - liveHolders(now)
 local roomed = occupied()
 local arrival = nowus
-if roomed then arrival = redis.call('HGET', since, token) or nowus end
+if roomed then
+  reclaim(now)
+  arrival = arrivalOf(token, nowus)
+end
 local outcome, kept = 0, 0
 if inSlot and free > 0 then
   -- Waiters of the Acquire line that came first are served first.
@@ -81,6 +84,7 @@ if outcome == 0 then
     redis.call('HSETNX', since, token, arrival)
     redis.call('ZADD', parked, 'NX', arrival, token)
   end
+  if outcome == 2 or inSlot then redis.call('ZREM', KEYS[8], token) end
   for i = 4, 7 do redis.call('PEXPIRE', KEYS[i], keyttl) end
 end
 local tokens = {}

@@ -4,7 +4,7 @@
 -- KEYS[1] holders  ZSET member -> lease expiry (server ms)
 -- KEYS[2] queue    ZSET waiter entry -> ticket
 -- KEYS[3] qexp     (unused)
--- KEYS[4..7]       the waiting room
+-- KEYS[4..8]       the waiting room
 -- ARGV[1] wake channel prefix (the entry's name is appended)
 -- ARGV[2] the semaphore key, sent as the wake message
 -- ARGV[3] '1' when this Service hands admitted tokens on (it has OnWake)

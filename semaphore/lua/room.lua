@@ -14,6 +14,10 @@
 -- KEYS[7] room     HASH capacity, budget (standby places), transit (ms a
 --                  place waits for its task to show up), keyttl (ms the
 --                  room's keys outlive their last arrival)
+-- KEYS[8] aside    ZSET token -> arrival (server µs): tokens that left the
+--                  room for a while but keep their place for when their
+--                  task comes back (it waits for another cap, or its queue
+--                  is paused); kept at most asideFor
 
 -- occupied reports whether anyone is in the room or holds a standby place.
 -- Scripts ask it first, so that a key nobody waits for costs one command.
@@ -28,7 +32,29 @@ local function forget(token)
   redis.call('ZREM', KEYS[4], token)
   redis.call('ZREM', KEYS[5], token)
   redis.call('HDEL', KEYS[6], token)
+  redis.call('ZREM', KEYS[8], token)
   if not occupied() then redis.call('DEL', KEYS[7]) end
+end
+
+-- asideFor is how long, in µs, a token that stepped aside keeps its place.
+local asideFor = 3600 * 1000000
+
+-- stepAside takes a token out of the room, giving up its standby place if
+-- it holds one, but keeps its arrival (see arrivalOf) for when its task
+-- comes back. nowus is the server time in µs, as a string.
+local function stepAside(token, nowus)
+  local arrival = redis.call('HGET', KEYS[6], token) or redis.call('ZSCORE', KEYS[8], token)
+  forget(token)
+  if not arrival then return end
+  redis.call('ZADD', KEYS[8], arrival, token)
+  redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', '(' .. string.format('%d', tonumber(nowus) - asideFor))
+  redis.call('PEXPIRE', KEYS[8], asideFor / 1000)
+end
+
+-- arrivalOf is a token's place: its arrival when it is in the room or
+-- stepped aside, else nowus.
+local function arrivalOf(token, nowus)
+  return redis.call('HGET', KEYS[6], token) or redis.call('ZSCORE', KEYS[8], token) or nowus
 end
 
 -- seated is called when the task of a token takes a seat. A token that
@@ -47,17 +73,24 @@ local function roomCapacity(fallback)
   return tonumber(redis.call('HGET', KEYS[7], 'capacity') or fallback)
 end
 
--- admit gives standby places to the tokens that arrived first, while fewer
--- than the budget (the standby budget, or the free seats when more) hold
--- one, and returns them. Places that lapsed (their task never showed up,
--- or its worker died) go back to the room first, keeping their place.
-local function admit(now, free)
-  if not occupied() then return {} end
+-- reclaim puts the tokens whose standby place lapsed (their task never
+-- showed up: it was deleted, its worker died, or it is still on its way)
+-- back in the room, keeping their place; admit lets them out again first.
+local function reclaim(now)
   for _, token in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, 100)) do
     redis.call('ZREM', KEYS[5], token)
     local arrival = redis.call('HGET', KEYS[6], token)
     if arrival then redis.call('ZADD', KEYS[4], 'NX', arrival, token) end
   end
+end
+
+-- admit gives standby places to the tokens that arrived first, while fewer
+-- than the budget (the standby budget, or the free seats when more) hold
+-- one, and returns them. Places that lapsed go back to the room first
+-- (reclaim).
+local function admit(now, free)
+  if not occupied() then return {} end
+  reclaim(now)
   local room = redis.call('HMGET', KEYS[7], 'budget', 'transit', 'keyttl')
   local budget = math.max(tonumber(room[1] or '0'), free)
   local transit = tonumber(room[2] or '30000')
