@@ -297,3 +297,54 @@ func TestRateWakeIsPrompt(t *testing.T) {
 	}
 	noneArchivedIn(t, srv)
 }
+
+// TestSeveralRateLimitsSpendNothingForATaskThatDoesNotRun: a task type
+// with two rate limits (a large budget "a-budget" and a tight "b-calls")
+// beside a task type that takes only "b-calls": a task that takes its
+// a-budget token and then loses b-calls' token to another task between its
+// peek and its take gives the a-budget token back. At the end a-budget has
+// spent exactly one token a task of the first type. (Issue 19, defect 9:
+// the earlier limit's token was spent.)
+func TestSeveralRateLimitsSpendNothingForATaskThatDoesNotRun(t *testing.T) {
+	const both, onlyB, budget = 30, 90, 1000
+	srv := redistest.Start(t)
+	yaml := fmt.Sprintf(`redis: {url: %q}
+worker: {concurrency: 10, shutdown_timeout: 3s, parked_retry: 10s}
+monitoring: {addr: "127.0.0.1:0"}
+tasks:
+  both:
+    max_retry: 3
+    rate_limits:
+      - {key: a-budget, rate: 1, per: 1h, burst: %d}
+      - {key: b-calls, rate: 60, per: 1s, burst: 1, mode: wait, wait_timeout: 1s}
+  only-b:
+    max_retry: 3
+    rate_limits: [{key: b-calls, rate: 60, per: 1s, burst: 1, mode: wait, wait_timeout: 1s}]
+`, srv.URL(), budget)
+	log := newStartLog()
+	ws := startWorkers(t, 2, yaml, map[string]asynq.HandlerFunc{"both": log.handler(0, nil), "only-b": log.handler(0, nil)})
+	p := newProducer(t, yaml, "both", "only-b")
+	ctx := context.Background()
+	for i := range both + onlyB {
+		typ := "only-b"
+		if i%4 == 0 {
+			typ = "both"
+		}
+		if _, err := p.Enqueue(ctx, typ, []byte(fmt.Sprintf(`{"i":%d}`, i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitfor.Condition(t, 60*time.Second, "every task runs", func() bool { return log.done() == both+onlyB })
+	limit := ws[0].Config().Tasks["both"].RateLimits[0].LimitFor("a-budget")
+	res, err := ws[0].Limiter().Peek(ctx, "a-budget", limit, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spent := budget - res.Remaining; spent != both {
+		t.Errorf("a-budget spent %d tokens for %d tasks that ran", spent, both)
+	}
+	if twice := log.ranTwice(); len(twice) > 0 {
+		t.Errorf("ran more than once: %v", twice)
+	}
+	noneArchivedIn(t, srv)
+}

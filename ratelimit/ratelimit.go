@@ -11,6 +11,7 @@ package ratelimit
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
 	"math"
@@ -173,6 +174,26 @@ func (l *Limiter) Peek(ctx context.Context, key string, limit Limit, cost int) (
 		return Result{Allowed: true, Remaining: remaining}, nil
 	}
 	return Result{Remaining: remaining, RetryAfter: ceilMicro(wait)}, nil
+}
+
+//go:embed refund.lua
+var refundSrc string
+
+var refundScript = redis.NewScript(refundSrc)
+
+// Refund gives back cost tokens that a Take of key spent for work that then
+// did not run (a task whose other rate limit had no token), as if they had
+// never been taken; a burst is never exceeded. It relies on how redis_rate
+// keeps a key (refund.lua), which TestRefundUndoesATake pins.
+func (l *Limiter) Refund(ctx context.Context, key string, limit Limit, cost int) error {
+	if err := checkArgs(key, limit, cost); err != nil {
+		return err
+	}
+	interval := limit.Per.Seconds() / float64(limit.Rate)
+	if err := refundScript.Run(ctx, l.rdb, []string{l.RedisKey(key)}, interval, cost).Err(); err != nil {
+		return fmt.Errorf("ratelimit: refund %q: %w", key, err)
+	}
+	return nil
 }
 
 // Reset forgets what was taken from key: it is back at full burst.

@@ -373,6 +373,34 @@ func TestResetRestoresTheBurst(t *testing.T) {
 	}
 }
 
+// TestRefundUndoesATake: tokens given back are there again, exactly, and a
+// refund never makes more than the burst.
+func TestRefundUndoesATake(t *testing.T) {
+	srv := redistest.Start(t)
+	l := newLimiter(t, srv.Client(), nil)
+	ctx := context.Background()
+	limit := ratelimit.Limit{Rate: 1, Per: time.Hour, Burst: 5}
+	take(t, l, "k", limit, 3)
+	if err := l.Refund(ctx, "k", limit, 2); err != nil {
+		t.Fatal(err)
+	}
+	if res := peek(t, l, "k", limit, 1); res.Remaining != 4 {
+		t.Fatalf("after taking 3 of 5 and giving 2 back: %d remaining, want 4", res.Remaining)
+	}
+	if err := l.Refund(ctx, "k", limit, 3); err != nil {
+		t.Fatal(err)
+	}
+	if res := peek(t, l, "k", limit, 1); res.Remaining != 5 {
+		t.Fatalf("after giving back more than was taken: %d remaining, want the burst, 5", res.Remaining)
+	}
+	if n, err := srv.Client().Exists(ctx, l.RedisKey("k")).Result(); err != nil || n != 0 {
+		t.Fatalf("a key back at full burst is kept (%d, %v); want it gone, as an idle key", n, err)
+	}
+	if err := l.Refund(ctx, "k", limit, 0); err == nil {
+		t.Fatal("a refund of 0 tokens: no error")
+	}
+}
+
 func ExampleLimit_String() {
 	fmt.Println(ratelimit.Limit{Rate: 100, Per: time.Second, Burst: 20})
 	// Output: 100 per 1s (burst 20)

@@ -95,7 +95,8 @@ func (w *Worker) limitFor(key, template string, configured ratelimit.Limit) rate
 }
 
 // takeTokens takes the tokens of every rate limit of a task, or none: it
-// peeks at all first, so that a limit with no token spends nobody's. It
+// peeks at all first, so that a limit with no token spends nobody's, and
+// gives back what it took when a take fails after its peek. It
 // returns the first limit with no token and how long until its tokens are
 // due, or nil when the task may run.
 func (w *Worker) takeTokens(ctx context.Context, rates []rateTake) (*rateTake, time.Duration, error) {
@@ -115,19 +116,30 @@ func (w *Worker) takeTokens(ctx context.Context, rates []rateTake) (*rateTake, t
 	}
 	for i, r := range rates {
 		res, err := w.limiter.Take(ctx, r.key, r.limit, r.spec.Cost)
+		if err == nil && res.Allowed {
+			continue
+		}
+		// Another task took them since the peek (or Redis failed): the
+		// task does not run, so the tokens it took of the limits before
+		// this one go back.
+		w.refund(ctx, rates[:i])
 		if err != nil {
 			return nil, 0, err
 		}
-		if !res.Allowed {
-			// Another task took them since the peek; the tokens taken
-			// above are spent: rare, and logged.
-			if i > 0 {
-				w.log.Warn("worker: a rate limit's tokens went to another task between peek and take; the tokens of the limits before it are spent", "key", r.key)
-			}
-			return &rates[i], res.RetryAfter, nil
-		}
+		return &rates[i], res.RetryAfter, nil
 	}
 	return nil, 0, nil
+}
+
+// refund gives back the tokens taken of rates by a task that does not run.
+func (w *Worker) refund(ctx context.Context, rates []rateTake) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeCallTimeout)
+	defer cancel()
+	for _, r := range rates {
+		if err := w.limiter.Refund(rctx, r.key, r.limit, r.spec.Cost); err != nil {
+			w.log.Warn("worker: give back the tokens of a task that does not run (they are spent)", "key", r.key, "err", err)
+		}
+	}
 }
 
 // waitForTokens sleeps until a rate limit's tokens are due (mode wait): it
