@@ -226,7 +226,13 @@ func (p *Producer) enqueue(ctx context.Context, pl *plan, payload []byte, header
 	}
 	info, err := p.client.EnqueueContext(ctx, asynq.NewTaskWithHeaders(pl.taskType, payload, headers), opts...)
 	if err != nil {
-		return nil, err // a place kept for it lapses by itself
+		if errors.Is(err, asynq.ErrTaskIDConflict) {
+			return nil, err // the places are those of the task that has this ID
+		}
+		if gerr := route.GiveBack(context.WithoutCancel(ctx)); gerr != nil {
+			slog.Warn("producer: give back the places kept for a task that was not enqueued (they lapse by themselves)", "id", id, "err", gerr)
+		}
+		return nil, err
 	}
 	if route.Waits() {
 		if err := route.Park(ctx); err != nil {

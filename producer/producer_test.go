@@ -350,3 +350,42 @@ func TestGateOpensOnceRedisIsBack(t *testing.T) {
 		t.Errorf("enqueued %+v", got)
 	}
 }
+
+// TestFailedEnqueueGivesItsPlacesBack: the places the producer kept for a
+// task on its caps go back at once when asynq refuses the task (here, a
+// duplicate of a unique task), instead of lapsing later; a task refused
+// for the ID of another leaves that one's place alone. (Issue 19,
+// defect 9.)
+func TestFailedEnqueueGivesItsPlacesBack(t *testing.T) {
+	srv := redistest.Start(t)
+	cfg, err := worker.ParseConfig([]byte(fmt.Sprintf(`redis: {url: %q}
+tasks:
+  job:
+    semaphore: {key: scarce, capacity: 2}
+`, srv.URL())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := producer.New(cfg, producer.WithValidator("job", func([]byte) error { return nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	ctx := context.Background()
+	if _, err := p.Enqueue(ctx, "job", []byte(`{}`), asynq.TaskID("one"), asynq.Unique(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Enqueue(ctx, "job", []byte(`{}`), asynq.Unique(time.Hour)); !errors.Is(err, asynq.ErrDuplicateTask) {
+		t.Fatalf("a duplicate of a unique task: %v, want asynq.ErrDuplicateTask", err)
+	}
+	if _, err := p.Enqueue(ctx, "job", []byte(`{"other":1}`), asynq.TaskID("one")); !errors.Is(err, asynq.ErrTaskIDConflict) {
+		t.Fatalf("a second task with the same ID: %v, want asynq.ErrTaskIDConflict", err)
+	}
+	places, err := srv.Client().ZCard(ctx, "fleetcap:sem:{scarce}:standby").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if places != 1 {
+		t.Fatalf("%d places kept on the cap after one task was enqueued and two refused; want 1", places)
+	}
+}

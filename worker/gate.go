@@ -90,17 +90,32 @@ func (g *Gate) Close() error {
 	return err
 }
 
-// Route is where a new task waits: in its queue (Waits false), or in the
-// room of one of its caps.
+// Route is where a new task waits: in its queue (Waits false), with a
+// place kept for it on each of its caps, or in the room of one of its
+// caps.
 type Route struct {
 	g     *Gate
-	seat  seat
-	token string
+	seat  seat   // the cap it waits for, when it waits
+	token string // its token in the rooms
+	waits bool
+	kept  []seat // the caps that keep a place for it
 }
 
 // Waits reports whether the task waits in a room: enqueue it with Options,
 // then Park it.
-func (r Route) Waits() bool { return r.token != "" }
+func (r Route) Waits() bool { return r.waits }
+
+// GiveBack gives up the places kept for the task, when it could not be
+// enqueued: they go to the next tasks at once.
+func (r Route) GiveBack(ctx context.Context) error {
+	var errs []error
+	for _, s := range r.kept {
+		if err := r.g.sem.Dismiss(ctx, s.key, r.token); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
 
 // Options are the asynq options that keep a waiting task out of its queue
 // until it is woken; its headers must carry Header.
@@ -143,15 +158,13 @@ func (g *Gate) Route(ctx context.Context, taskType string, payload []byte, queue
 			continue
 		}
 		// No place here: the places kept on the caps before go to others.
-		for _, prev := range seats[:i] {
-			if derr := g.sem.Dismiss(ctx, prev.key, token); derr != nil {
-				g.log.Warn("worker: give back a place kept for a task (it lapses by itself)", "key", prev.key, "err", derr)
-			}
+		if derr := (Route{g: g, token: token, kept: seats[:i]}).GiveBack(ctx); derr != nil {
+			g.log.Warn("worker: give back a place kept for a task (it lapses by itself)", "err", derr)
 		}
 		if err != nil {
 			return Route{}, err
 		}
-		return Route{g: g, seat: s, token: token}, nil
+		return Route{g: g, seat: s, token: token, waits: true}, nil
 	}
-	return Route{}, nil
+	return Route{g: g, token: token, kept: seats}, nil
 }
