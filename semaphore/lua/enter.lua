@@ -36,7 +36,9 @@ local now, t = clock()
 local nowus = micros(t)
 
 local free = capacity - liveHolders(now)
-local roomed = occupied()
+-- A token that stepped aside here counts: it takes its old place, and
+-- leaves no arrival behind once seated.
+local roomed = redis.call('EXISTS', parked, standby, KEYS[8]) > 0
 local arrival = nowus
 if roomed then
   reclaim(now)

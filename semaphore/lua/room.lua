@@ -17,7 +17,8 @@
 -- KEYS[8] aside    ZSET token -> arrival (server µs): tokens that left the
 --                  room for a while but keep their place for when their
 --                  task comes back (it waits for another cap, or its queue
---                  is paused); kept at most asideFor
+--                  is paused); kept at most asideFor, and lapses with
+--                  the room's keys
 
 -- occupied reports whether anyone is in the room or holds a standby place.
 -- Scripts ask it first, so that a key nobody waits for costs one command.
@@ -36,7 +37,8 @@ local function forget(token)
   if not occupied() then redis.call('DEL', KEYS[7]) end
 end
 
--- asideFor is how long, in µs, a token that stepped aside keeps its place.
+-- asideFor is how long, in µs, a token that stepped aside keeps its place
+-- at most; the key itself lapses with the room's other keys.
 local asideFor = 3600 * 1000000
 
 -- stepAside takes a token out of the room, giving up its standby place if
@@ -44,11 +46,12 @@ local asideFor = 3600 * 1000000
 -- comes back. nowus is the server time in µs, as a string.
 local function stepAside(token, nowus)
   local arrival = redis.call('HGET', KEYS[6], token) or redis.call('ZSCORE', KEYS[8], token)
+  local keyttl = redis.call('HGET', KEYS[7], 'keyttl') or '180000'
   forget(token)
   if not arrival then return end
   redis.call('ZADD', KEYS[8], arrival, token)
   redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', '(' .. string.format('%d', tonumber(nowus) - asideFor))
-  redis.call('PEXPIRE', KEYS[8], asideFor / 1000)
+  redis.call('PEXPIRE', KEYS[8], keyttl)
 end
 
 -- arrivalOf is a token's place: its arrival when it is in the room or
