@@ -13,6 +13,13 @@ import (
 // Config is the whole of config.yaml. Each section maps 1:1 to a struct below;
 // every field documents its default. Build one with LoadConfig or
 // ParseConfig, which apply the defaults and validate.
+//
+// In a file, a field takes its default only when it is left out (or null):
+// a value written out of the field's range is an error naming the field,
+// 0 included (a written "concurrency: 0" is not the default). A Config
+// built in code cannot tell a field left out from 0, so there a numeric
+// field that is 0 takes its default, as its doc says; the fields where 0
+// means something (max_retry, standby) are pointers, nil for the default.
 type Config struct {
 	Redis      RedisConfig           `yaml:"redis"`
 	Worker     WorkerConfig          `yaml:"worker"`
@@ -57,24 +64,29 @@ type RedisTLSConfig struct {
 
 // WorkerConfig tunes one worker process.
 type WorkerConfig struct {
-	// Concurrency is how many tasks one process runs at once; default 10.
+	// Concurrency is how many tasks one process runs at once (>= 1);
+	// default 10, also when 0 in code.
 	Concurrency int `yaml:"concurrency"`
 	// Queues maps queue name to priority (>= 1); default {default: 1}.
 	Queues map[string]int `yaml:"queues"`
 	// ShutdownTimeout bounds how long in-flight tasks may run after a
-	// shutdown signal; default 8s.
+	// shutdown signal (> 0: asynq takes 0 for its own default, so there is
+	// no "no limit"); default 8s, also when 0 in code.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 	// TaskCheckInterval is the longest an idle process waits before it
 	// looks for tasks again; a task pushed onto one of its queues (new,
-	// retried, or woken) wakes it at once; default 2s.
+	// retried, or woken) wakes it at once (at least 1ms); default 2s, also
+	// when 0 in code.
 	TaskCheckInterval time.Duration `yaml:"task_check_interval"`
 	// DelayedTaskCheckInterval is how often scheduled and retried tasks are
-	// moved to their queue (asynq's forwarder); default 5s, as asynq's.
-	// Tasks woken from a waiting room do not wait for it.
+	// moved to their queue (asynq's forwarder; at least 100ms); default 5s,
+	// as asynq's, also when 0 in code. Tasks woken from a waiting room do
+	// not wait for it.
 	DelayedTaskCheckInterval time.Duration `yaml:"delayed_task_check_interval"`
 	// ParkedRetry is how long a task parked in a cap's waiting room stays
 	// away before asynq brings it back by itself, when no wake-up brought it
-	// sooner: only a safety net; default 1m.
+	// sooner: only a safety net (at least 1s); default 1m, also when 0 in
+	// code.
 	ParkedRetry time.Duration `yaml:"parked_retry"`
 }
 
@@ -82,7 +94,8 @@ type WorkerConfig struct {
 type SemaphoreConfig struct {
 	// Prefix starts every semaphore key in Redis; default "fleetcap:sem:".
 	Prefix string `yaml:"prefix"`
-	// DefaultTTL is the lease of a cap that sets no ttl; default 30s.
+	// DefaultTTL is the lease of a cap that sets no ttl (at least 1ms);
+	// default 30s, also when 0 in code.
 	DefaultTTL time.Duration `yaml:"default_ttl"`
 }
 
@@ -103,10 +116,14 @@ type TaskConfig struct {
 	// Queue is the asynq queue the task goes to; default "default". It must
 	// be one of worker.queues.
 	Queue string `yaml:"queue"`
-	// MaxRetry is asynq's retry budget; default 25 (asynq's default).
-	// Tasks requeued for a full semaphore do not spend it.
+	// MaxRetry is asynq's retry budget (>= 0); default 25 (asynq's
+	// default) when nil. 0 means no retry: a task whose handler fails is
+	// archived at once. Tasks requeued for a full semaphore or a rate
+	// limit do not spend it, and are never archived for it.
 	MaxRetry *int `yaml:"max_retry"`
-	// Timeout bounds one run of the handler; default 30m (asynq's default).
+	// Timeout bounds one run of the handler (> 0: asynq takes 0 for its
+	// own default, so there is no "no limit"); default 30m (asynq's
+	// default), also when 0 in code.
 	Timeout time.Duration `yaml:"timeout"`
 	// Semaphore is the task's fleet-wide cap; default none.
 	Semaphore *CapConfig `yaml:"semaphore"`
@@ -155,16 +172,19 @@ type CapConfig struct {
 	// ParseKeyTemplate).
 	Key string `yaml:"key"`
 	// Capacity is the number of seats across the fleet (>= 1); required.
+	// (Only a runtime override can pause a key with 0, never the config.)
 	Capacity int `yaml:"capacity"`
 	// Mode is requeue or wait; default requeue. For caps both behave alike
 	// (the field stays for configs that set it): a task without a seat
 	// stands by within Standby, up to WaitTimeout, and waits in Redis
 	// beyond it.
 	Mode Mode `yaml:"mode"`
-	// TTL is the lease of a seat; default semaphore.default_ttl.
+	// TTL is the lease of a seat (at least 1ms); default
+	// semaphore.default_ttl, also when 0 in code.
 	TTL time.Duration `yaml:"ttl"`
 	// WaitTimeout is how long a task that stands by waits in its slot for a
-	// seat; default 10s.
+	// seat (> 0; Standby 0 is the way to have none stand by); default 10s,
+	// also when 0 in code.
 	WaitTimeout time.Duration `yaml:"wait_timeout"`
 	// AutoRenew renews the lease while the task runs; default true.
 	AutoRenew *bool `yaml:"auto_renew"`
@@ -172,11 +192,12 @@ type CapConfig struct {
 	OnLeaseLost LeaseLostPolicy `yaml:"on_lease_lost"`
 	// Standby is how many tasks of this cap may wait in a worker slot for
 	// the next seat at once, across the whole fleet (the others wait in
-	// Redis), so that a freed seat is taken at once; default the capacity
-	// (in force), 0 turns it off.
+	// Redis), so that a freed seat is taken at once (>= 0); default the
+	// capacity (in force) when nil. 0 turns it off: every task without a
+	// seat waits in Redis.
 	Standby *int `yaml:"standby"`
 	// CapacityOverrides sets the capacity of single rendered keys of a
-	// templated Key, such as {"tenant:acme": 20}; default none.
+	// templated Key, such as {"tenant:acme": 20}, each >= 1; default none.
 	CapacityOverrides map[string]int `yaml:"capacity_overrides"`
 }
 
@@ -231,15 +252,16 @@ func ParseConfig(data []byte) (*Config, error) {
 	return parseConfig(data, nil)
 }
 
-// parseConfig decodes, applies defaults, then the environment (when getenv
-// is not nil), then validates. Decoding errors and validation errors are reported together, except
-// validation errors about a field that did not decode.
+// parseConfig decodes, applies defaults to the fields the file left out,
+// then the environment (when getenv is not nil), then validates. Decoding
+// errors and validation errors are reported together, except validation
+// errors about a field that did not decode.
 func parseConfig(data []byte, getenv func(string) string) (*Config, error) {
-	cfg, bad, err := decodeConfig(data)
+	cfg, written, bad, err := decodeConfig(data)
 	if err != nil {
 		return nil, err
 	}
-	cfg.withDefaults()
+	cfg.withDefaults(written)
 	if getenv != nil {
 		cfg.applyEnv(getenv)
 	}
@@ -280,15 +302,21 @@ func (c *Config) TaskTypes() []string {
 // task type and the semaphore section and are filled in by LoadConfig and
 // ParseConfig. The result is a copy.
 func (t TaskConfig) Caps() []CapConfig {
+	caps := t.declaredCaps()
+	for i := range caps {
+		caps[i] = caps[i].withDefaults("", 0, nil, "")
+	}
+	return caps
+}
+
+// declaredCaps returns the task's caps in declaration order, as they are:
+// a copy, without defaults.
+func (t TaskConfig) declaredCaps() []CapConfig {
 	var caps []CapConfig
 	if t.Semaphore != nil {
 		caps = append(caps, *t.Semaphore)
 	}
-	caps = append(caps, t.Semaphores...)
-	for i := range caps {
-		caps[i] = caps[i].withDefaults("", 0)
-	}
-	return caps
+	return append(caps, t.Semaphores...)
 }
 
 // CapacityFor returns the capacity of the semaphore with the rendered key:

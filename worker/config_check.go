@@ -4,6 +4,6 @@ package worker
 // defaults and checks it, as LoadConfig and ParseConfig do for a file (New
 // does the same). Every problem is reported, naming its field by YAML path.
 func (c *Config) Validate() error {
-	c.withDefaults()
+	c.withDefaults(nil)
 	return c.validate()
 }

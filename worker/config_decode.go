@@ -15,17 +15,19 @@ import (
 )
 
 // decodeConfig decodes one YAML document into a Config, rejecting unknown
-// fields. yaml.v3 reports type errors by line only; when it fails, the
-// document is walked again beside the Config type so that every error names
-// its field by YAML path, e.g. tasks["report:fetch"].semaphore.ttl. The
-// fields that decoded are kept (yaml.v3 decodes what it can), so that
-// validation can report the other problems of the file too; bad lists the
-// paths whose errors were reported. A nil cfg means the file is unusable.
-func decodeConfig(data []byte) (cfg *Config, bad []fieldError, err error) {
+// fields, and returns the paths of the fields the file writes a value to
+// (see fieldSet), so that defaults go only where a field was left out.
+// yaml.v3 reports type errors by line only; when it fails, the document is
+// walked beside the Config type so that every error names its field by
+// YAML path, e.g. tasks["report:fetch"].semaphore.ttl. The fields that
+// decoded are kept (yaml.v3 decodes what it can), so that validation can
+// report the other problems of the file too; bad lists the paths whose
+// errors were reported. A nil cfg means the file is unusable.
+func decodeConfig(data []byte) (cfg *Config, written fieldSet, bad []fieldError, err error) {
 	defer func() {
 		// yaml.v3 is not supposed to panic, but a config file is user input.
 		if r := recover(); r != nil {
-			cfg, bad, err = nil, nil, fmt.Errorf("cannot parse YAML: %v", r)
+			cfg, written, bad, err = nil, nil, nil, fmt.Errorf("cannot parse YAML: %v", r)
 		}
 	}()
 	cfg = &Config{}
@@ -33,29 +35,48 @@ func decodeConfig(data []byte) (cfg *Config, bad []fieldError, err error) {
 	dec.KnownFields(true)
 	switch err := dec.Decode(cfg); {
 	case errors.Is(err, io.EOF):
-		return cfg, nil, nil // an empty file: all defaults
+		return cfg, nil, nil, nil // an empty file: all defaults
 	case err != nil:
-		bad = diagnose(data)
-		if len(bad) == 0 {
+		w := diagnose(data)
+		if len(w.errs) == 0 {
 			// Not expected: the walk finds what yaml.v3 rejects. Values
 			// yaml.v3 quotes in `backticks` are hidden, as one may be a
 			// secret.
 			msg := quotedValue.ReplaceAllString(strings.TrimPrefix(err.Error(), "yaml: "), "`...`")
-			return nil, nil, fmt.Errorf("cannot decode YAML: %s", msg)
+			return nil, nil, nil, fmt.Errorf("cannot decode YAML: %s", msg)
 		}
 		var te *yaml.TypeError
 		if !errors.As(err, &te) {
 			// yaml.v3 stopped at the first error: what it decoded is
 			// incomplete, so only the walk's errors are reported.
-			return nil, nil, errors.Join(asErrors(bad)...)
+			return nil, nil, nil, errors.Join(asErrors(w.errs)...)
 		}
-		return cfg, bad, nil
+		return cfg, w.written, w.errs, nil
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return nil, nil, errors.New("the file holds more than one YAML document; want one")
+		return nil, nil, nil, errors.New("the file holds more than one YAML document; want one")
 	}
-	return cfg, nil, nil
+	w := diagnose(data)
+	if w.incomplete {
+		// Without the whole list of written fields, a field written 0
+		// would silently take its default.
+		return nil, nil, nil, errors.Join(asErrors(w.errs)...)
+	}
+	return cfg, w.written, nil, nil
+}
+
+// fieldSet is the set of YAML paths (as in error messages) of the fields a
+// config file writes a value to, null aside. It tells a field the file
+// left out, which takes its default, from one it wrote as 0, which is
+// checked like any other value. A nil fieldSet, for a Config built in
+// code, holds no path: there a zero field is unset.
+type fieldSet map[string]bool
+
+// unset reports whether the file left out the field name of the section
+// at path, so that a zero value there takes the field's default.
+func (s fieldSet) unset(path, name string) bool {
+	return !s[joinPath(path, name)]
 }
 
 // quotedValue matches a value yaml.v3 quotes in an error message.
@@ -89,16 +110,18 @@ func (e fieldError) covers(path string) bool {
 	return ok && (rest == "" || rest[0] == '.' || rest[0] == '[')
 }
 
-// diagnose walks the YAML document beside the Config type and returns one
-// error per bad field.
-func diagnose(data []byte) []fieldError {
+// diagnose walks the YAML document beside the Config type: it returns one
+// error per bad field, and the fields written.
+func diagnose(data []byte) *walker {
+	w := &walker{budget: maxDiagnoseNodes, written: fieldSet{}}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return []fieldError{{msg: "cannot parse YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}}
+		w.incomplete = true
+		w.errs = []fieldError{{msg: "cannot parse YAML: " + strings.TrimPrefix(err.Error(), "yaml: ")}}
+		return w
 	}
-	w := &walker{budget: maxDiagnoseNodes}
 	w.walk("", &doc, reflect.TypeFor[Config]())
-	return w.errs
+	return w
 }
 
 // secretPaths are fields whose values must not appear in error messages.
@@ -109,8 +132,12 @@ var secretPaths = map[string]bool{"redis.url": true, "monitoring.admin_token": t
 const maxDiagnoseNodes = 100_000
 
 type walker struct {
-	errs   []fieldError
-	budget int
+	errs    []fieldError
+	written fieldSet // the leaves that decoded, by path
+	budget  int
+	// incomplete is set when the walk could not read the whole document,
+	// so that written may lack fields.
+	incomplete bool
 }
 
 func (w *walker) fail(path string, n *yaml.Node, format string, args ...any) {
@@ -125,6 +152,7 @@ func (w *walker) fail(path string, n *yaml.Node, format string, args ...any) {
 func (w *walker) walk(path string, n *yaml.Node, t reflect.Type) {
 	if w.budget--; w.budget < 0 {
 		if w.budget == -1 {
+			w.incomplete = true
 			w.fail(path, n, "document too large or too deeply aliased")
 		}
 		return
@@ -166,7 +194,7 @@ func (w *walker) walk(path string, n *yaml.Node, t reflect.Type) {
 			return
 		}
 		for i, c := range n.Content {
-			w.walk(fmt.Sprintf("%s[%d]", path, i), c, t.Elem())
+			w.walk(indexPath(path, i), c, t.Elem())
 		}
 	default:
 		if err := n.Decode(reflect.New(t).Interface()); err != nil {
@@ -175,7 +203,9 @@ func (w *walker) walk(path string, n *yaml.Node, t reflect.Type) {
 				return
 			}
 			w.fail(path, n, "want %s, got %s", want(t), describe(n))
+			return
 		}
+		w.written[path] = true
 	}
 }
 
@@ -216,7 +246,7 @@ func (w *walker) walkMap(path string, n *yaml.Node, t reflect.Type) {
 			}
 			continue
 		}
-		sub := fmt.Sprintf("%s[%s]", path, strconv.Quote(k.Value))
+		sub := keyPath(path, k.Value)
 		if k.Kind != yaml.ScalarNode {
 			w.fail(path, k, "want a string key, got %s", describe(k))
 			continue
@@ -273,11 +303,24 @@ func yamlFields(t reflect.Type) map[string]reflect.StructField {
 	return out
 }
 
+// joinPath is the path of the field name of the section at path.
 func joinPath(path, name string) string {
 	if path == "" {
 		return name
 	}
 	return path + "." + name
+}
+
+// keyPath is the path of the entry key of the map at path, such as
+// tasks["report:fetch"].
+func keyPath(path, key string) string {
+	return path + "[" + strconv.Quote(key) + "]"
+}
+
+// indexPath is the path of the entry i of the list at path, such as
+// tasks["a"].semaphores[1].
+func indexPath(path string, i int) string {
+	return path + "[" + strconv.Itoa(i) + "]"
 }
 
 func isNull(n *yaml.Node) bool {

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"os"
+	"reflect"
 	"testing"
 )
 
@@ -14,6 +15,7 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte("tasks: {a: {semaphore: {key: \"t:{id}\", capacity: 2, capacity_overrides: {\"t:x\": 3}}}}\n"))
 	f.Add([]byte("worker: {concurrency: 2, shutdown_timeout: ten}\n"))
 	f.Add([]byte("tasks: {a: {rate_limits: [{key: \"s:{id}\", rate: 100, per: 1s, burst: 20, cost: 2, rate_overrides: {\"s:x\": 400}}]}}\n"))
+	f.Add([]byte("worker: {concurrency: 0}\ntasks: {a: {max_retry: 0, semaphore: {capacity: 1, ttl: 0s, standby: 0}, rate_limits: [{rate: 5, per: 1s, cost: 0}]}}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := ParseConfig(data)
 		if err != nil {
@@ -27,6 +29,13 @@ func FuzzParseConfig(f *testing.F) {
 		}
 		if err := cfg.validate(); err != nil {
 			t.Fatalf("accepted config does not validate: %v", err)
+		}
+		// New applies the defaults again, as for a Config built in code:
+		// they must not change what the file said (a 0 it wrote).
+		again := *cfg
+		again.withDefaults(nil)
+		if !reflect.DeepEqual(&again, cfg) {
+			t.Fatalf("a second round of defaults changed the config:\n%#v\n%#v", cfg, &again)
 		}
 		if cfg.Worker.Concurrency < 1 || len(cfg.Worker.Queues) == 0 || cfg.Semaphore.DefaultTTL <= 0 {
 			t.Fatalf("defaults missing: %v", cfg)

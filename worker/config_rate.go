@@ -23,16 +23,19 @@ type RateLimitConfig struct {
 	// Per is the period of Rate, a duration > 0 such as 1s; required.
 	Per time.Duration `yaml:"per"`
 	// Burst is how many tokens may be taken at once after an idle spell
-	// (>= 1); default Rate. Keys of rate_overrides keep this burst.
+	// (>= 1); default Rate, also when 0 in code. Keys of rate_overrides
+	// keep this burst.
 	Burst int `yaml:"burst"`
-	// Cost is the tokens one task takes (>= 1, at most Burst); default 1.
+	// Cost is the tokens one task takes (>= 1, at most Burst); default 1,
+	// also when 0 in code.
 	Cost int `yaml:"cost"`
 	// Mode is requeue or wait, as for caps; default requeue.
 	Mode Mode `yaml:"mode"`
-	// WaitTimeout is how long mode wait waits for the tokens; default 10s.
+	// WaitTimeout is how long mode wait waits for the tokens (> 0: mode
+	// requeue is the way not to wait); default 10s, also when 0 in code.
 	WaitTimeout time.Duration `yaml:"wait_timeout"`
 	// RateOverrides sets the rate of single rendered keys of a templated
-	// Key, such as {"stripe:acct_big": 400}; default none.
+	// Key, such as {"stripe:acct_big": 400}, each >= 1; default none.
 	RateOverrides map[string]int `yaml:"rate_overrides"`
 }
 
@@ -67,24 +70,19 @@ func (c RateLimitConfig) RenderKey(payload []byte) (string, error) {
 	return kt.Render(payload)
 }
 
-// withDefaults returns c with its defaults applied; typ is the task type
-// (the default key).
-func (c RateLimitConfig) withDefaults(typ string) RateLimitConfig {
+// withDefaults returns c, the rate limit at path, with its defaults
+// applied; typ is the task type (the default key), written as for
+// Config.withDefaults.
+func (c RateLimitConfig) withDefaults(typ string, written fieldSet, path string) RateLimitConfig {
 	if c.Key == "" {
 		c.Key = typ
 	}
-	if c.Burst == 0 {
-		c.Burst = c.Rate
-	}
-	if c.Cost == 0 {
-		c.Cost = 1
-	}
+	setDefault(&c.Burst, c.Rate, written, path, "burst")
+	setDefault(&c.Cost, 1, written, path, "cost")
 	if c.Mode == "" {
 		c.Mode = ModeRequeue
 	}
-	if c.WaitTimeout == 0 {
-		c.WaitTimeout = DefaultWaitTimeout
-	}
+	setDefault(&c.WaitTimeout, DefaultWaitTimeout, written, path, "wait_timeout")
 	c.RateOverrides = maps.Clone(c.RateOverrides)
 	return c
 }
@@ -123,8 +121,8 @@ func (c RateLimitConfig) validate(v *validator, field string) {
 	default:
 		v.add(field+".mode", "must be %q or %q, got %q", ModeRequeue, ModeWait, c.Mode)
 	}
-	if c.WaitTimeout < 0 {
-		v.add(field+".wait_timeout", "must not be negative, got %s", c.WaitTimeout)
+	if c.WaitTimeout <= 0 {
+		v.add(field+".wait_timeout", "must be a duration > 0, got %s", c.WaitTimeout)
 	}
 	if len(c.RateOverrides) > 0 && kt != nil && !kt.IsTemplate() {
 		v.add(field+".rate_overrides", "only a key template such as \"stripe:{account_id}\" can have overrides; key %q is plain", c.Key)
@@ -152,7 +150,7 @@ func (c *Config) validateRateLimits(v *validator) {
 	for _, typ := range c.TaskTypes() {
 		inTask := map[string]string{} // key -> field, within this task
 		for i, rl := range c.Tasks[typ].RateLimits {
-			f := fmt.Sprintf("tasks[%s].rate_limits[%d]", strconv.Quote(typ), i)
+			f := indexPath(taskPath(typ)+".rate_limits", i)
 			rl.validate(v, f)
 			if prev, dup := inTask[rl.Key]; dup {
 				v.add(f+".key", "%q is also the key of %s; a task cannot take tokens of one limit twice (raise cost instead)", rl.Key, prev)

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -83,9 +84,9 @@ func TestEmptyConfigIsAllDefaults(t *testing.T) {
 func TestWithDefaultsIsIdempotentAndCopies(t *testing.T) {
 	shared := &CapConfig{Capacity: 2}
 	cfg := &Config{Tasks: map[string]TaskConfig{"x": {Semaphore: shared}}}
-	cfg.withDefaults()
+	cfg.withDefaults(nil)
 	first := cfg.Tasks["x"]
-	cfg.withDefaults()
+	cfg.withDefaults(nil)
 	if !reflect.DeepEqual(first, cfg.Tasks["x"]) {
 		t.Errorf("second withDefaults changed the task: %+v -> %+v", first, cfg.Tasks["x"])
 	}
@@ -150,7 +151,7 @@ func TestLoadConfigListsProblems(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "fleet.yaml")
 	writeFile(t, path, "worker: {concurrency: -1, shutdown_timeout: -1s}\n")
 	_, err := LoadConfig(path)
-	want := "config " + path + ": 2 problems:\nworker.concurrency: must be >= 1, got -1\nworker.shutdown_timeout: must not be negative, got -1s"
+	want := "config " + path + ": 2 problems:\nworker.concurrency: must be >= 1, got -1\nworker.shutdown_timeout: must be a duration > 0, got -1s"
 	if err == nil || err.Error() != want {
 		t.Errorf("err = %v\nwant %s", err, want)
 	}
@@ -189,14 +190,14 @@ func TestBadConfigs(t *testing.T) {
 		{"duration without unit", "worker: {shutdown_timeout: 30}\n", []string{`worker.shutdown_timeout: want a duration such as "30s" or "5m", got "30"`}},
 		{"negative ttl", task + "      ttl: -5s\n", []string{`tasks["report:fetch"].semaphore.ttl: must be at least 1ms, got -5s`}},
 		{"negative default ttl", "semaphore: {default_ttl: -1s}\n", []string{"semaphore.default_ttl: must be at least 1ms, got -1s"}},
-		{"negative wait_timeout", task + "      wait_timeout: -1s\n", []string{`tasks["report:fetch"].semaphore.wait_timeout: must not be negative, got -1s`}},
-		{"negative shutdown_timeout", "worker: {shutdown_timeout: -2s}\n", []string{"worker.shutdown_timeout: must not be negative, got -2s"}},
-		{"negative task timeout", "tasks: {a: {timeout: -1m}}\n", []string{`tasks["a"].timeout: must not be negative, got -1m0s`}},
+		{"negative wait_timeout", task + "      wait_timeout: -1s\n", []string{`tasks["report:fetch"].semaphore.wait_timeout: must be a duration > 0, got -1s`}},
+		{"negative shutdown_timeout", "worker: {shutdown_timeout: -2s}\n", []string{"worker.shutdown_timeout: must be a duration > 0, got -2s"}},
+		{"negative task timeout", "tasks: {a: {timeout: -1m}}\n", []string{`tasks["a"].timeout: must be a duration > 0, got -1m0s`}},
 		{"unknown mode", task + "      mode: block\n", []string{`tasks["report:fetch"].semaphore.mode: must be "requeue" or "wait", got "block"`}},
 		{"unknown on_lease_lost", task + "      on_lease_lost: panic\n", []string{`tasks["report:fetch"].semaphore.on_lease_lost: must be "cancel" or "continue", got "panic"`}},
 		{"auto_renew not a bool", task + "      auto_renew: maybe\n", []string{`tasks["report:fetch"].semaphore.auto_renew: want true or false, got "maybe"`}},
 		{"semaphore and semaphores", "tasks:\n  a:\n    semaphore: {key: k, capacity: 1}\n    semaphores: [{key: j, capacity: 1}]\n", []string{`tasks["a"]: set either semaphore or semaphores, not both`}},
-		{"concurrency zero", "worker: {concurrency: 0}\n", nil}, // 0 means the default
+		{"concurrency null", "worker: {concurrency: ~}\n", nil}, // null: left out, the default
 		{"concurrency negative", "worker: {concurrency: -1}\n", []string{"worker.concurrency: must be >= 1, got -1"}},
 		{"empty queue name", "worker: {queues: {\"\": 1}}\n", []string{`worker.queues[""]: queue name must not be empty`}},
 		{"priority zero", "worker: {queues: {default: 0}}\n", []string{`worker.queues["default"]: priority must be >= 1, got 0`}},
@@ -264,7 +265,7 @@ func TestBadConfigs(t *testing.T) {
 		{"cost above burst", rate + "{rate: 5, per: 1s, burst: 2, cost: 3}]}}\n", []string{`tasks["a"].rate_limits[0].cost: 3 is above burst 2: such a task could never run`}},
 		{"cost above the default burst", rate + "{rate: 2, per: 1s, cost: 3}]}}\n", []string{`tasks["a"].rate_limits[0].cost: 3 is above burst 2`}},
 		{"rate limit mode", rate + "{rate: 5, per: 1s, mode: drop}]}}\n", []string{`tasks["a"].rate_limits[0].mode: must be "requeue" or "wait", got "drop"`}},
-		{"rate limit wait_timeout", rate + "{rate: 5, per: 1s, wait_timeout: -3s}]}}\n", []string{`tasks["a"].rate_limits[0].wait_timeout: must not be negative, got -3s`}},
+		{"rate limit wait_timeout", rate + "{rate: 5, per: 1s, wait_timeout: -3s}]}}\n", []string{`tasks["a"].rate_limits[0].wait_timeout: must be a duration > 0, got -3s`}},
 		{"unknown rate limit field", rate + "{rate: 5, per: 1s, period: 1s}]}}\n", []string{`tasks["a"].rate_limits[0].period: unknown field (line 1)`}},
 		{"rate limits not a list", "tasks: {a: {rate_limits: {rate: 5}}}\n", []string{`tasks["a"].rate_limits: want a list, got a mapping`}},
 		{"rate limit key template", rate + "{key: \"s:{id\", rate: 5, per: 1s}]}}\n", []string{`tasks["a"].rate_limits[0].key: key "s:{id": unbalanced "{"`}},
@@ -435,9 +436,108 @@ tasks:
 	}
 	// withDefaults copies the overrides: the parsed config does not share
 	// its map with a later copy.
-	again := cfg.Tasks["invoice:sync"].withDefaults("invoice:sync", time.Second)
+	again := cfg.Tasks["invoice:sync"].withDefaults("invoice:sync", time.Second, nil)
 	again.RateLimits[0].RateOverrides["stripe:acct_big"] = 1
 	if got[0].RateOverrides["stripe:acct_big"] != 400 {
 		t.Error("withDefaults shares rate_overrides with its input")
+	}
+}
+
+// TestWrittenZeroIsAnError checks that a numeric field written as 0 in a
+// file, where 0 is outside its range, is an error naming the field by its
+// YAML path, as any other value out of range: only a field left out (or
+// null) takes its default.
+func TestWrittenZeroIsAnError(t *testing.T) {
+	const rate = "tasks: {a: {rate_limits: [{key: \"s:{id}\", rate: 5, per: 1s"
+	const rl = `tasks["a"].rate_limits[0].`
+	tests := []struct {
+		name string
+		yaml string
+		want string // a line of the error
+	}{
+		{"concurrency", "worker: {concurrency: 0}\n", "worker.concurrency: must be >= 1, got 0"},
+		{"concurrency as a float", "worker: {concurrency: 0.0}\n", "worker.concurrency: must be >= 1, got 0"},
+		{"queue priority", "worker: {queues: {default: 0}}\n", `worker.queues["default"]: priority must be >= 1, got 0`},
+		{"shutdown_timeout", "worker: {shutdown_timeout: 0s}\n", "worker.shutdown_timeout: must be a duration > 0, got 0s"},
+		{"shutdown_timeout without a unit", "worker: {shutdown_timeout: \"0\"}\n", "worker.shutdown_timeout: must be a duration > 0, got 0s"},
+		{"task_check_interval", "worker: {task_check_interval: 0s}\n", "worker.task_check_interval: must be at least 1ms, got 0s"},
+		{"delayed_task_check_interval", "worker: {delayed_task_check_interval: 0ms}\n", "worker.delayed_task_check_interval: must be at least 100ms, got 0s"},
+		{"parked_retry", "worker: {parked_retry: 0s}\n", "worker.parked_retry: must be at least 1s, got 0s"},
+		{"default_ttl", "semaphore: {default_ttl: 0s}\n", "semaphore.default_ttl: must be at least 1ms, got 0s"},
+		{"task timeout", "tasks: {a: {timeout: 0s}}\n", `tasks["a"].timeout: must be a duration > 0, got 0s`},
+		{"cap capacity", "tasks: {a: {semaphore: {capacity: 0}}}\n", `tasks["a"].semaphore.capacity: must be >= 1, got 0`},
+		{"cap ttl", "tasks: {a: {semaphore: {capacity: 1, ttl: 0s}}}\n", `tasks["a"].semaphore.ttl: must be at least 1ms, got 0s`},
+		{"cap ttl in a list", "tasks: {a: {semaphores: [{key: k, capacity: 1}, {key: j, capacity: 1, ttl: 0s}]}}\n", `tasks["a"].semaphores[1].ttl: must be at least 1ms, got 0s`},
+		{"cap ttl through an alias", "tasks:\n  a: {semaphore: &c {key: k, capacity: 1, ttl: 0s}}\n  b: {semaphore: *c}\n", `tasks["b"].semaphore.ttl: must be at least 1ms, got 0s`},
+		{"cap ttl through a merge", "tasks:\n  a: {semaphore: &c {key: k, capacity: 1, ttl: 0s}}\n  b: {semaphore: {<<: *c, mode: wait}}\n", `tasks["b"].semaphore.ttl: must be at least 1ms, got 0s`},
+		{"cap wait_timeout", "tasks: {a: {semaphore: {capacity: 1, wait_timeout: 0s}}}\n", `tasks["a"].semaphore.wait_timeout: must be a duration > 0, got 0s`},
+		{"capacity override", "tasks: {a: {semaphore: {key: \"t:{id}\", capacity: 2, capacity_overrides: {\"t:x\": 0}}}}\n", `tasks["a"].semaphore.capacity_overrides["t:x"]: must be >= 1, got 0`},
+		{"rate", "tasks: {a: {rate_limits: [{rate: 0, per: 1s}]}}\n", rl + "rate: must be >= 1, got 0"},
+		{"per", "tasks: {a: {rate_limits: [{rate: 5, per: 0s}]}}\n", rl + "per: required: a duration > 0 such as 1s"},
+		{"burst", rate + ", burst: 0}]}}\n", rl + "burst: must be >= 1, got 0"},
+		{"cost", rate + ", cost: 0}]}}\n", rl + "cost: must be >= 1, got 0"},
+		{"rate limit wait_timeout", rate + ", mode: wait, wait_timeout: 0s}]}}\n", rl + "wait_timeout: must be a duration > 0, got 0s"},
+		{"rate override", rate + ", rate_overrides: {\"s:x\": 0}}]}}\n", rl + `rate_overrides["s:x"]: must be >= 1, got 0`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ParseConfig([]byte(tt.yaml))
+			if err == nil {
+				t.Fatalf("ParseConfig succeeded, want the error %q", tt.want)
+			}
+			if !slices.Contains(strings.Split(err.Error(), "\n"), tt.want) {
+				t.Errorf("error\n%v\nhas no line\n%s", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestWrittenZeroKeepsItsMeaning checks the fields where a written 0 means
+// something: max_retry 0 (no retry after a real failure) and standby 0 (no
+// task waits in a slot for a seat) are kept, not replaced by the default.
+func TestWrittenZeroKeepsItsMeaning(t *testing.T) {
+	cfg, err := ParseConfig([]byte("tasks: {a: {max_retry: 0, semaphore: {capacity: 2, standby: 0}}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := cfg.Tasks["a"]
+	if *a.MaxRetry != 0 {
+		t.Errorf("max_retry = %d, want 0", *a.MaxRetry)
+	}
+	if s := a.Semaphore.Standby; s == nil || *s != 0 {
+		t.Errorf("standby = %v, want 0", s)
+	}
+}
+
+// TestZeroInCodeIsTheDefault checks that in a Config built in code, where a
+// field left out cannot be told from 0, a zero field takes its default.
+func TestZeroInCodeIsTheDefault(t *testing.T) {
+	cfg := &Config{Tasks: map[string]TaskConfig{"a": {
+		Semaphore:  &CapConfig{Capacity: 2},
+		RateLimits: []RateLimitConfig{{Rate: 5, Per: time.Second}},
+	}}}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	w, a := cfg.Worker, cfg.Tasks["a"]
+	if w.Concurrency != DefaultConcurrency || w.ShutdownTimeout != DefaultShutdownTimeout || cfg.Semaphore.DefaultTTL != DefaultSemaphoreTTL || a.Timeout != DefaultTaskTimeout {
+		t.Errorf("worker %+v, default_ttl %s, timeout %s: want the defaults", w, cfg.Semaphore.DefaultTTL, a.Timeout)
+	}
+	if c := a.Semaphore; c.TTL != DefaultSemaphoreTTL || c.WaitTimeout != DefaultWaitTimeout {
+		t.Errorf("cap %+v: want the default ttl and wait_timeout", c)
+	}
+	if rl := a.RateLimits[0]; rl.Burst != 5 || rl.Cost != 1 || rl.WaitTimeout != DefaultWaitTimeout {
+		t.Errorf("rate limit %+v: want burst 5, cost 1, wait_timeout %s", rl, DefaultWaitTimeout)
+	}
+}
+
+// TestTooLargeToWalkIsAnError checks that a file that decodes but is too
+// large for the walk that finds the fields it writes is refused, rather
+// than letting a field it wrote as 0 take its default unseen.
+func TestTooLargeToWalkIsAnError(t *testing.T) {
+	in := "worker: {concurrency: 0}\nredis:\n  cluster_addrs: [" + strings.Repeat("h:7000, ", maxDiagnoseNodes) + "h:7000]\n"
+	_, err := ParseConfig([]byte(in))
+	if err == nil || !strings.Contains(err.Error(), "document too large or too deeply aliased") {
+		t.Errorf("err = %v, want one saying the document is too large", err)
 	}
 }

@@ -81,8 +81,8 @@ func (c *Config) validateWorker(v *validator) {
 			v.add(field, "priority must be >= 1, got %d", p)
 		}
 	}
-	if w.ShutdownTimeout < 0 {
-		v.add("worker.shutdown_timeout", "must not be negative, got %s", w.ShutdownTimeout)
+	if w.ShutdownTimeout <= 0 {
+		v.add("worker.shutdown_timeout", "must be a duration > 0, got %s", w.ShutdownTimeout)
 	}
 	if w.TaskCheckInterval < time.Millisecond {
 		v.add("worker.task_check_interval", "must be at least 1ms, got %s", w.TaskCheckInterval)
@@ -128,7 +128,7 @@ func (c *Config) validateTasks(v *validator) {
 	defer func() { checkRenderClashes(v, decls) }()
 	for _, typ := range c.TaskTypes() {
 		t := c.Tasks[typ]
-		field := fmt.Sprintf("tasks[%s]", strconv.Quote(typ))
+		field := taskPath(typ)
 		if strings.TrimSpace(typ) == "" {
 			v.add(field, "task type must not be empty")
 		}
@@ -138,8 +138,8 @@ func (c *Config) validateTasks(v *validator) {
 		if t.MaxRetry != nil && *t.MaxRetry < 0 {
 			v.add(field+".max_retry", "must be >= 0, got %d", *t.MaxRetry)
 		}
-		if t.Timeout < 0 {
-			v.add(field+".timeout", "must not be negative, got %s", t.Timeout)
+		if t.Timeout <= 0 {
+			v.add(field+".timeout", "must be a duration > 0, got %s", t.Timeout)
 		}
 		if t.Semaphore != nil && len(t.Semaphores) > 0 {
 			v.add(field, "set either semaphore or semaphores, not both")
@@ -150,10 +150,12 @@ func (c *Config) validateTasks(v *validator) {
 			capFields = append(capFields, field+".semaphore")
 		}
 		for i := range t.Semaphores {
-			capFields = append(capFields, fmt.Sprintf("%s.semaphores[%d]", field, i))
+			capFields = append(capFields, indexPath(field+".semaphores", i))
 		}
 		inTask := map[string]string{} // key -> field, within this task
-		for i, cp := range t.Caps() {
+		// The caps as withDefaults left them: Caps would fill a 0 the
+		// file wrote.
+		for i, cp := range t.declaredCaps() {
 			f := capFields[i]
 			cp.validate(v, f)
 			if prev, dup := inTask[cp.Key]; dup {
@@ -186,8 +188,8 @@ func (cp CapConfig) validate(v *validator, field string) {
 	if cp.TTL < minTTL {
 		v.add(field+".ttl", "must be at least %s, got %s", minTTL, cp.TTL)
 	}
-	if cp.WaitTimeout < 0 {
-		v.add(field+".wait_timeout", "must not be negative, got %s", cp.WaitTimeout)
+	if cp.WaitTimeout <= 0 {
+		v.add(field+".wait_timeout", "must be a duration > 0, got %s", cp.WaitTimeout)
 	}
 	if cp.Standby != nil && *cp.Standby < 0 {
 		v.add(field+".standby", "must not be negative, got %d", *cp.Standby)

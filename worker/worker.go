@@ -106,7 +106,7 @@ func New(cfg *Config, opts ...Option) (*Worker, error) {
 	if cfg == nil {
 		return nil, errors.New("worker: New: nil config")
 	}
-	cfg.withDefaults()
+	cfg.withDefaults(nil)
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -232,7 +232,7 @@ func (w *Worker) SetCaps(taskType string, caps ...CapConfig) error {
 	t := old
 	t.Semaphore, t.Semaphores = nil, caps
 	w.cfg.Tasks[taskType] = t
-	w.cfg.withDefaults()
+	w.cfg.withDefaults(nil)
 	table, err := newCapTable(w.cfg)
 	if err == nil {
 		err = w.cfg.validate()
