@@ -186,7 +186,9 @@ func (p *Producer) Check(taskType string, payload []byte, opts ...asynq.Option) 
 // asynq.Unique). It starts a producer span and carries its traceparent in
 // the task's headers. Bad input returns an error matching ErrInvalid and
 // enqueues nothing; asynq's errors (asynq.ErrDuplicateTask, ...) are
-// wrapped.
+// wrapped. The first capped task opens fleetcap's keys in Redis: on a
+// Redis of another build's layout it fails with a *worker.LayoutError
+// that says what to do, and so does every later one until that is done.
 func (p *Producer) Enqueue(ctx context.Context, taskType string, payload []byte, opts ...asynq.Option) (*asynq.TaskInfo, error) {
 	pl, err := p.plan(taskType, opts)
 	if err != nil {

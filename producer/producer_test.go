@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/fleetcap/fleetcap/internal/layout"
 	"github.com/fleetcap/fleetcap/internal/redistest"
 	"github.com/fleetcap/fleetcap/producer"
 	"github.com/fleetcap/fleetcap/tasks"
@@ -432,5 +433,37 @@ func TestDemoTypesNotBuiltIn(t *testing.T) {
 	}
 	if deps := strings.Fields(string(out)); slices.Contains(deps, "github.com/fleetcap/fleetcap/tasks") {
 		t.Error("package producer depends on package tasks")
+	}
+}
+
+// TestProducerRefusesAnotherLayout: while a process of another build's
+// layout is live on the Redis, a producer's first capped enqueue (when it
+// opens fleetcap's keys) fails with the message naming both layouts, and
+// enqueues nothing; once that process is gone it works.
+func TestProducerRefusesAnotherLayout(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	other, err := layout.Claim(ctx, e.srv.Client(), layout.Options{Role: "worker", Version: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.p.Enqueue(ctx, tasks.TypeReportFetch, []byte(acme))
+	if !errors.As(err, new(*worker.LayoutError)) ||
+		!strings.Contains(err.Error(), "this build speaks Redis layout 2, but 1 process(es) of layout 3 hold a live lease in fleetcap:layout ("+other.Name()+")") {
+		t.Fatalf("Enqueue: err = %v, want a *worker.LayoutError", err)
+	}
+	if qs, err := e.insp.Queues(); err != nil || len(qs) != 0 {
+		t.Errorf("queues = %q, %v; want none", qs, err)
+	}
+	if err := other.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.p.Enqueue(ctx, tasks.TypeReportFetch, []byte(acme))
+	if err == nil || !strings.Contains(err.Error(), "the data on this Redis is in layout 3") {
+		t.Fatalf("Enqueue on layout 3's data: err = %v", err)
+	}
+	e.srv.Client().Del(ctx, layout.Key)
+	if _, err := e.p.Enqueue(ctx, tasks.TypeReportFetch, []byte(acme)); err != nil {
+		t.Fatalf("Enqueue once layout 3 is gone: %v", err)
 	}
 }

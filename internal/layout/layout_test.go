@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -234,5 +235,19 @@ func TestOnAClusterAndOnMiniredis(t *testing.T) {
 				t.Errorf("version = %q", got)
 			}
 		})
+	}
+}
+
+// TestReadmeSaysTheLayout: the README's paragraph on the layout names this
+// build's version and the key.
+func TestReadmeSaysTheLayout(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"layout " + strconv.Itoa(Version), "`" + Key + "`", "TestWorkerRefusesAnotherLayout"} {
+		if !strings.Contains(string(readme), want) {
+			t.Errorf("README.md does not say %q", want)
+		}
 	}
 }
