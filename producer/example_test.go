@@ -32,15 +32,19 @@ tasks:
 	return cfg
 }
 
-// A Go service enqueues report:fetch tasks for the fleet: each payload is
-// checked as the workers will check it, and each task gets the queue,
-// max_retry and timeout that the config gives report:fetch, and carries
-// the trace context of its producer span to the worker.
+// A Go service enqueues report:fetch tasks for the fleet: every task type
+// the config declares can be enqueued, and a validator adds a payload
+// check to one. Each task gets the queue, max_retry and timeout that the
+// config gives report:fetch, and carries the trace context of its producer
+// span to the worker.
 func ExampleProducer_Enqueue() {
 	cfg := exampleConfig() // or worker.LoadConfig("config.yaml")
 	ctx := context.Background()
 
-	p, err := producer.New(cfg)
+	p, err := producer.New(cfg, producer.WithValidator(tasks.TypeReportFetch, func(payload []byte) error {
+		_, err := tasks.DecodeReportFetch(payload) // as the handler decodes it
+		return err
+	}))
 	if err != nil {
 		panic(err)
 	}
@@ -55,9 +59,14 @@ func ExampleProducer_Enqueue() {
 	// A payload the handler would reject is never enqueued.
 	_, err = p.Enqueue(ctx, tasks.TypeReportFetch, []byte(`{"tenant":"acme"}`))
 	fmt.Println(errors.Is(err, producer.ErrInvalid), err)
+
+	// Nor is a task of a type the config does not declare.
+	_, err = p.Enqueue(ctx, "report:fetsh", []byte(`{"tenant_id":"acme"}`))
+	fmt.Println(errors.Is(err, producer.ErrInvalid), err)
 	// Output:
 	// default 10 5m0s
 	// true invalid report:fetch payload: unknown field "tenant"
+	// true unknown task type "report:fetsh": the config declares report:fetch
 }
 
 // EnqueueAll checks every payload before it enqueues the first; asynq's

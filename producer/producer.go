@@ -1,9 +1,14 @@
-// Package producer enqueues fleetcap's task types from Go services. It
-// checks each payload as the workers will (the task type's own validation,
-// and every key template of its caps and rate limits), applies the task type's
+// Package producer enqueues fleetcap's task types from Go services. Every
+// task type the fleet's config declares (its tasks section) can be
+// enqueued, and no other. The producer checks each payload as the workers
+// will (every key template of its caps and rate limits, and the validator
+// given for its type with WithValidator, if any), applies the task type's
 // configured queue, max_retry and timeout, and wraps each enqueue in a
 // producer span whose W3C trace context travels in the task's headers, so
 // that the worker's span of the task links to it.
+//
+// The package knows no task type of its own: the demo types of package
+// tasks are not built in (cmd/enqueue registers their validators itself).
 package producer
 
 import (
@@ -22,12 +27,12 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fleetcap/fleetcap/monitoring"
-	"github.com/fleetcap/fleetcap/tasks"
 	"github.com/fleetcap/fleetcap/worker"
 )
 
 // ErrInvalid matches (errors.Is) every error about a task the fleet would
-// not run: an unknown task type, a payload its type rejects, a semaphore
+// not run: a task type the config does not declare, a payload its
+// validator rejects, a semaphore
 // key the payload cannot render, a queue no worker serves. Nothing was
 // enqueued when it is returned.
 var ErrInvalid = errors.New("producer: invalid task")
@@ -45,7 +50,13 @@ type Option func(*options)
 
 type options struct {
 	tp         trace.TracerProvider
-	validators map[string]func(payload []byte) error
+	validators []validator // in the order given
+}
+
+// validator is one WithValidator.
+type validator struct {
+	taskType string
+	validate func(payload []byte) error
 }
 
 // WithTracerProvider sets where the producer spans go; default the global
@@ -54,11 +65,15 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(o *options) { o.tp = tp }
 }
 
-// WithValidator declares a task type of your own (one that package tasks
-// does not define) and how to check its payloads; validate returns an
-// error for a payload the type's handler would reject.
+// WithValidator adds a payload check to a task type the config declares:
+// validate returns an error for a payload the type's handler would reject,
+// and Enqueue then refuses it (ErrInvalid). It does not make a type known:
+// every declared type can be enqueued, with or without a validator. New
+// refuses a validator for a type the config does not declare (it could
+// never run: a misspelt type, or a config that lacks it), and two
+// validators for one type.
 func WithValidator(taskType string, validate func(payload []byte) error) Option {
-	return func(o *options) { o.validators[taskType] = validate }
+	return func(o *options) { o.validators = append(o.validators, validator{taskType, validate}) }
 }
 
 // Producer enqueues tasks for a fleetcap fleet. It is safe for concurrent
@@ -92,17 +107,13 @@ func New(cfg *worker.Config, opts ...Option) (*Producer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("producer: config: %w", err)
 	}
-	o := options{validators: map[string]func([]byte) error{}}
-	for _, d := range tasks.All() {
-		o.validators[d.Type] = d.Validate
-	}
+	var o options
 	for _, opt := range opts {
 		opt(&o)
 	}
-	for typ, v := range o.validators {
-		if typ == "" || v == nil {
-			return nil, fmt.Errorf("producer: WithValidator(%q): want a task type and a validate function", typ)
-		}
+	validators, err := validatorsOf(cfg, o.validators)
+	if err != nil {
+		return nil, err
 	}
 	if o.tp == nil {
 		o.tp = otel.GetTracerProvider()
@@ -115,7 +126,34 @@ func New(cfg *worker.Config, opts ...Option) (*Producer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("producer: %w", err)
 	}
-	return &Producer{cfg: cfg, client: asynq.NewClient(connOpt), gate: gate, tp: o.tp, validators: o.validators}, nil
+	return &Producer{cfg: cfg, client: asynq.NewClient(connOpt), gate: gate, tp: o.tp, validators: validators}, nil
+}
+
+// validatorsOf checks the WithValidator options against the config and
+// maps each task type to its validator.
+func validatorsOf(cfg *worker.Config, given []validator) (map[string]func([]byte) error, error) {
+	out := make(map[string]func([]byte) error, len(given))
+	for _, v := range given {
+		switch _, declared := cfg.Tasks[v.taskType]; {
+		case v.taskType == "" || v.validate == nil:
+			return nil, fmt.Errorf("producer: WithValidator(%q): want a task type and a validate function", v.taskType)
+		case !declared:
+			return nil, fmt.Errorf("producer: WithValidator(%q): the config declares no task type %q (tasks: %s); declare it there, or drop the validator",
+				v.taskType, v.taskType, declaredTypes(cfg))
+		case out[v.taskType] != nil:
+			return nil, fmt.Errorf("producer: WithValidator(%q) given twice; combine the checks in one function", v.taskType)
+		}
+		out[v.taskType] = v.validate
+	}
+	return out, nil
+}
+
+// declaredTypes lists the config's task types for a message.
+func declaredTypes(cfg *worker.Config) string {
+	if len(cfg.Tasks) == 0 {
+		return "none"
+	}
+	return strings.Join(slices.Sorted(maps.Keys(cfg.Tasks)), ", ")
 }
 
 // Close closes the connections to Redis.
@@ -125,7 +163,7 @@ func (p *Producer) Close() error { return errors.Join(p.client.Close(), p.gate.C
 func (p *Producer) Ping() error { return p.client.Ping() }
 
 // CheckType reports whether tasks of this type can be enqueued with these
-// options (a known type, a queue the fleet serves), without enqueueing
+// options (a type the config declares, a queue the fleet serves), without enqueueing
 // any; its errors match ErrInvalid.
 func (p *Producer) CheckType(taskType string, opts ...asynq.Option) error {
 	_, err := p.plan(taskType, opts)
@@ -148,7 +186,9 @@ func (p *Producer) Check(taskType string, payload []byte, opts ...asynq.Option) 
 // asynq.Unique). It starts a producer span and carries its traceparent in
 // the task's headers. Bad input returns an error matching ErrInvalid and
 // enqueues nothing; asynq's errors (asynq.ErrDuplicateTask, ...) are
-// wrapped.
+// wrapped. The first capped task opens fleetcap's keys in Redis: on a
+// Redis of another build's layout it fails with a *worker.LayoutError
+// that says what to do, and so does every later one until that is done.
 func (p *Producer) Enqueue(ctx context.Context, taskType string, payload []byte, opts ...asynq.Option) (*asynq.TaskInfo, error) {
 	pl, err := p.plan(taskType, opts)
 	if err != nil {
@@ -271,7 +311,7 @@ func taskIDOf(opts []asynq.Option) string {
 type plan struct {
 	taskType string
 	queue    string
-	validate func(payload []byte) error
+	validate func(payload []byte) error // nil: none
 	caps     []worker.CapConfig
 	rates    []worker.RateLimitConfig
 	opts     []asynq.Option
@@ -279,16 +319,11 @@ type plan struct {
 
 // plan resolves a task type and the caller's options against the config.
 func (p *Producer) plan(taskType string, opts []asynq.Option) (*plan, error) {
-	validate, ok := p.validators[taskType]
-	if !ok {
-		return nil, invalid(fmt.Errorf("unknown task type %q; known types: %s",
-			taskType, strings.Join(slices.Sorted(maps.Keys(p.validators)), ", ")))
-	}
-	queue, maxRetry, timeout := worker.DefaultQueue, worker.DefaultMaxRetry, worker.DefaultTaskTimeout
 	tc, declared := p.cfg.Tasks[taskType]
-	if declared {
-		queue, maxRetry, timeout = tc.Queue, *tc.MaxRetry, tc.Timeout
+	if !declared {
+		return nil, invalid(fmt.Errorf("unknown task type %q: the config declares %s", taskType, declaredTypes(p.cfg)))
 	}
+	queue, maxRetry, timeout := tc.Queue, *tc.MaxRetry, tc.Timeout
 	for _, o := range opts {
 		if o == nil {
 			return nil, invalid(errors.New("a nil asynq.Option"))
@@ -304,19 +339,21 @@ func (p *Producer) plan(taskType string, opts []asynq.Option) (*plan, error) {
 	return &plan{
 		taskType: taskType,
 		queue:    queue,
-		validate: validate,
+		validate: p.validators[taskType],
 		caps:     tc.Caps(),
 		rates:    tc.RateLimits,
 		opts:     append([]asynq.Option{asynq.Queue(queue), asynq.MaxRetry(maxRetry), asynq.Timeout(timeout)}, opts...),
 	}, nil
 }
 
-// check validates one payload: the task type's own rules, then every key
-// of its caps and rate limits, so that no task the worker could not cap or
-// limit is enqueued.
+// check validates one payload: the task type's validator, if it has one,
+// then every key of its caps and rate limits, so that no task the worker
+// could not cap or limit is enqueued.
 func (pl *plan) check(payload []byte) error {
-	if err := pl.validate(payload); err != nil {
-		return invalid(err)
+	if pl.validate != nil {
+		if err := pl.validate(payload); err != nil {
+			return invalid(err)
+		}
 	}
 	for _, c := range pl.caps {
 		if _, err := c.RenderKey(payload); err != nil {

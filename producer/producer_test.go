@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/fleetcap/fleetcap/internal/layout"
 	"github.com/fleetcap/fleetcap/internal/redistest"
 	"github.com/fleetcap/fleetcap/producer"
 	"github.com/fleetcap/fleetcap/tasks"
@@ -41,6 +44,16 @@ type env struct {
 	p     *producer.Producer
 	insp  *asynq.Inspector
 	spans *tracetest.SpanRecorder
+}
+
+// demoValidators are the payload checks of the demo task types of package
+// tasks, as cmd/enqueue registers them.
+func demoValidators() []producer.Option {
+	var opts []producer.Option
+	for _, d := range tasks.All() {
+		opts = append(opts, producer.WithValidator(d.Type, d.Validate))
+	}
+	return opts
 }
 
 func newEnv(t *testing.T, opts ...producer.Option) *env {
@@ -108,14 +121,15 @@ func TestEnqueueAppliesConfigAndOptions(t *testing.T) {
 		t.Errorf("task with options = %+v", got)
 	}
 
-	// An undeclared type gets asynq's defaults on the default queue.
+	// A declared type that sets no queue, max_retry or timeout gets the
+	// defaults.
 	hook := `{"tenant_id":"acme","url":"https://example.com/h","event":"invoice.paid"}`
 	info, err = e.p.Enqueue(ctx, tasks.TypeWebhookDeliver, []byte(hook))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := e.task(t, "default", info.ID); got.MaxRetry != worker.DefaultMaxRetry || got.Timeout != worker.DefaultTaskTimeout {
-		t.Errorf("undeclared type's task = %+v", got)
+		t.Errorf("task of a type with no settings = %+v", got)
 	}
 }
 
@@ -153,15 +167,14 @@ func TestEnqueueStartsAProducerSpan(t *testing.T) {
 // the problem that matches ErrInvalid, from Enqueue, EnqueueAll, Check and
 // CheckType alike, and Redis stays empty.
 func TestBadInputEnqueuesNothing(t *testing.T) {
-	e := newEnv(t)
+	e := newEnv(t, demoValidators()...)
 	ctx := context.Background()
 	for _, c := range []struct {
 		name, typ, payload string
 		opts               []asynq.Option
 		want               string
 	}{
-		{"unknown type", "report:fetsh", acme, nil, `unknown task type "report:fetsh"; known types: report:fetch, webhook:deliver`},
-		{"no validator for a declared type", "invoice:sync", `{"account_id":"a"}`, nil, `unknown task type "invoice:sync"`},
+		{"unknown type", "report:fetsh", acme, nil, `unknown task type "report:fetsh": the config declares invoice:sync, report:fetch, webhook:deliver`},
 		{"malformed JSON", tasks.TypeReportFetch, `{"tenant_id":`, nil, "invalid report:fetch payload: malformed JSON"},
 		{"rejected payload", tasks.TypeReportFetch, `{"tenant_id":""}`, nil, "invalid report:fetch payload: tenant_id: required"},
 		{"empty payload", tasks.TypeReportFetch, ``, nil, "invalid report:fetch payload"},
@@ -208,7 +221,7 @@ func TestBadInputEnqueuesNothing(t *testing.T) {
 // TestUnrenderableKeyIsRefused: a payload that a cap's key template cannot
 // render (the worker could not cap it) is refused.
 func TestUnrenderableKeyIsRefused(t *testing.T) {
-	e := newEnv(t, producer.WithValidator("invoice:sync", func([]byte) error { return nil }))
+	e := newEnv(t)
 	_, err := e.p.Enqueue(context.Background(), "invoice:sync", []byte(`{"account":"a"}`))
 	if !errors.Is(err, producer.ErrInvalid) || !strings.Contains(err.Error(), `semaphore key: key template "account:{account_id}": payload field "account_id" is missing`) {
 		t.Errorf("err = %v", err)
@@ -221,7 +234,7 @@ func TestUnrenderableKeyIsRefused(t *testing.T) {
 // TestUnrenderableRateKeyIsRefused: a payload that cannot render a rate
 // limit's key is refused at enqueue, as the worker would archive it.
 func TestUnrenderableRateKeyIsRefused(t *testing.T) {
-	e := newEnv(t, producer.WithValidator(tasks.TypeWebhookDeliver, func([]byte) error { return nil }))
+	e := newEnv(t)
 	_, err := e.p.Enqueue(context.Background(), tasks.TypeWebhookDeliver, []byte(`{"url":"https://example.com"}`))
 	if !errors.Is(err, producer.ErrInvalid) || !strings.Contains(err.Error(), `rate limit key: key template "hooks:{tenant_id}": payload field "tenant_id" is missing`) {
 		t.Errorf("err = %v", err)
@@ -231,9 +244,56 @@ func TestUnrenderableRateKeyIsRefused(t *testing.T) {
 	}
 }
 
-// TestWithValidator: a task type of the user's own is enqueued with its
-// configured queue once it has a validator, and its validator's verdict
-// holds.
+// TestEveryDeclaredTypeEnqueues: a task type of the user's own that the
+// config declares is enqueued with its configured options, with no
+// validator and though package tasks does not know it; a type the config
+// does not declare is unknown, even one of package tasks.
+func TestEveryDeclaredTypeEnqueues(t *testing.T) {
+	srv := redistest.Start(t)
+	cfg, err := worker.ParseConfig(fmt.Appendf(nil, `
+redis: {url: %q}
+worker:
+  queues: {default: 1, critical: 3}
+tasks:
+  invoice:sync:
+    queue: critical
+    max_retry: 2
+    semaphore: {key: "account:{account_id}", capacity: 1}
+  image:resize: {}
+`, srv.URL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := producer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	ctx := context.Background()
+	for _, c := range []struct{ typ, payload, queue string }{
+		{"invoice:sync", `{"account_id":"a"}`, "critical"},
+		{"image:resize", `not JSON: without a validator nothing checks it`, "default"},
+	} {
+		info, err := p.Enqueue(ctx, c.typ, []byte(c.payload))
+		if err != nil {
+			t.Errorf("Enqueue(%s): %v", c.typ, err)
+			continue
+		}
+		if info.Type != c.typ || info.Queue != c.queue || string(info.Payload) != c.payload {
+			t.Errorf("Enqueue(%s) = %+v", c.typ, info)
+		}
+	}
+	for _, typ := range []string{tasks.TypeReportFetch, "invoice:synk"} {
+		_, err := p.Enqueue(ctx, typ, []byte(acme))
+		if !errors.Is(err, producer.ErrInvalid) || !strings.Contains(err.Error(), fmt.Sprintf("unknown task type %q", typ)) {
+			t.Errorf("Enqueue of the undeclared %s: err = %v, want ErrInvalid", typ, err)
+		}
+	}
+}
+
+// TestWithValidator: a validator adds a check to a declared type, whose
+// verdict holds; a validator for a type the config does not declare, two
+// for one type, and one with no type or function stop New with a message.
 func TestWithValidator(t *testing.T) {
 	errNoAmount := errors.New("invoice:sync: amount required")
 	e := newEnv(t, producer.WithValidator("invoice:sync", func(b []byte) error {
@@ -254,8 +314,21 @@ func TestWithValidator(t *testing.T) {
 	if !errors.Is(err, producer.ErrInvalid) || !errors.Is(err, errNoAmount) {
 		t.Errorf("rejected payload: err = %v", err)
 	}
-	if _, err := producer.New(exampleConfig(), producer.WithValidator("", nil)); err == nil {
-		t.Error("WithValidator with no type and no function: no error")
+	accept := func([]byte) error { return nil }
+	for _, c := range []struct {
+		name string
+		opts []producer.Option
+		want string
+	}{
+		{"no type, no function", []producer.Option{producer.WithValidator("", nil)}, `WithValidator(""): want a task type and a validate function`},
+		{"undeclared type", []producer.Option{producer.WithValidator("report:fetsh", accept)},
+			`WithValidator("report:fetsh"): the config declares no task type "report:fetsh" (tasks: report:fetch)`},
+		{"twice", []producer.Option{producer.WithValidator("report:fetch", accept), producer.WithValidator("report:fetch", accept)},
+			`WithValidator("report:fetch") given twice`},
+	} {
+		if _, err := producer.New(exampleConfig(), c.opts...); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: err = %v, want %q", c.name, err, c.want)
+		}
 	}
 }
 
@@ -263,7 +336,7 @@ func TestWithValidator(t *testing.T) {
 // then they go in order, a duplicate under asynq.Unique is yielded as an
 // error the caller may pass over, and breaking out stops enqueueing.
 func TestEnqueueAll(t *testing.T) {
-	e := newEnv(t)
+	e := newEnv(t, demoValidators()...)
 	ctx := context.Background()
 	payloads := [][]byte{[]byte(`{"tenant_id":"a"}`), []byte(`{"tenant_id":""}`), []byte(`{"tenant_id":"c"}`), []byte(`{"x":1}`)}
 	for _, err := range e.p.EnqueueAll(ctx, tasks.TypeReportFetch, payloads) {
@@ -387,5 +460,49 @@ tasks:
 	}
 	if places != 1 {
 		t.Fatalf("%d places kept on the cap after one task was enqueued and two refused; want 1", places)
+	}
+}
+
+// TestDemoTypesNotBuiltIn: package producer does not link package tasks;
+// the demo types are the enqueue command's, not the library's.
+func TestDemoTypesNotBuiltIn(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps", "github.com/fleetcap/fleetcap/producer").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	if deps := strings.Fields(string(out)); slices.Contains(deps, "github.com/fleetcap/fleetcap/tasks") {
+		t.Error("package producer depends on package tasks")
+	}
+}
+
+// TestProducerRefusesAnotherLayout: while a process of another build's
+// layout is live on the Redis, a producer's first capped enqueue (when it
+// opens fleetcap's keys) fails with the message naming both layouts, and
+// enqueues nothing; once that process is gone it works.
+func TestProducerRefusesAnotherLayout(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	other, err := layout.Claim(ctx, e.srv.Client(), layout.Options{Role: "worker", Version: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.p.Enqueue(ctx, tasks.TypeReportFetch, []byte(acme))
+	if !errors.As(err, new(*worker.LayoutError)) ||
+		!strings.Contains(err.Error(), "this build speaks Redis layout 2, but 1 process(es) of layout 3 hold a live lease in fleetcap:layout ("+other.Name()+")") {
+		t.Fatalf("Enqueue: err = %v, want a *worker.LayoutError", err)
+	}
+	if qs, err := e.insp.Queues(); err != nil || len(qs) != 0 {
+		t.Errorf("queues = %q, %v; want none", qs, err)
+	}
+	if err := other.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.p.Enqueue(ctx, tasks.TypeReportFetch, []byte(acme))
+	if err == nil || !strings.Contains(err.Error(), "the data on this Redis is in layout 3") {
+		t.Fatalf("Enqueue on layout 3's data: err = %v", err)
+	}
+	e.srv.Client().Del(ctx, layout.Key)
+	if _, err := e.p.Enqueue(ctx, tasks.TypeReportFetch, []byte(acme)); err != nil {
+		t.Fatalf("Enqueue once layout 3 is gone: %v", err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetcap/fleetcap/control"
+	"github.com/fleetcap/fleetcap/internal/layout"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
@@ -30,6 +31,7 @@ type Gate struct {
 	rdb       redis.UniversalClient
 	sem       *semaphore.Service
 	overrides *control.Reader
+	layout    *layout.Lease
 }
 
 // NewGate returns a Gate for the fleet cfg describes. It does no I/O: the
@@ -59,17 +61,21 @@ func (g *Gate) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	lease, err := claimLayout(ctx, rdb, g.cfg, g.caps, "producer", g.log)
+	if err != nil {
+		return errors.Join(err, rdb.Close())
+	}
 	k := &waker{rdb: rdb, log: g.log}
 	sem, err := semaphore.New(rdb, semaphore.Options{Prefix: g.cfg.Semaphore.Prefix, DefaultTTL: g.cfg.Semaphore.DefaultTTL, Logger: g.log, OnWake: k.onWake})
 	if err != nil {
-		return errors.Join(err, rdb.Close())
+		return errors.Join(err, lease.Close(), rdb.Close())
 	}
 	k.sem = sem
 	overrides, err := openOverrides(ctx, rdb, g.log)
 	if err != nil {
-		return errors.Join(err, sem.Close(), rdb.Close())
+		return errors.Join(err, lease.Close(), sem.Close(), rdb.Close())
 	}
-	g.rdb, g.sem, g.overrides = rdb, sem, overrides
+	g.rdb, g.sem, g.overrides, g.layout = rdb, sem, overrides, lease
 	return nil
 }
 
@@ -81,8 +87,11 @@ func (g *Gate) Close() error {
 		g.overrides.Close()
 	}
 	var err error
+	if g.layout != nil {
+		err = g.layout.Close()
+	}
 	if g.sem != nil {
-		err = g.sem.Close()
+		err = errors.Join(err, g.sem.Close())
 	}
 	if g.rdb != nil {
 		err = errors.Join(err, g.rdb.Close())

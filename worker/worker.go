@@ -23,6 +23,7 @@ import (
 
 	"github.com/fleetcap/fleetcap/control"
 	"github.com/fleetcap/fleetcap/internal/asynqx"
+	"github.com/fleetcap/fleetcap/internal/layout"
 	"github.com/fleetcap/fleetcap/ratelimit"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
@@ -72,6 +73,7 @@ type Worker struct {
 	embedded  *miniredis.Miniredis // nil unless redis.url and cluster_addrs are empty
 	connOpt   asynq.RedisConnOpt
 	rdb       redis.UniversalClient
+	layout    *layout.Lease // this process's lease on the Redis layout
 	sem       *semaphore.Service
 	insp      *asynq.Inspector
 	mux       *asynq.ServeMux
@@ -101,7 +103,8 @@ type Worker struct {
 
 // New builds a worker from cfg (as LoadConfig returns it; a Config built in
 // code gets its defaults and is validated here). With the embedded default
-// it starts the in-process Redis now.
+// it starts the in-process Redis now. It refuses with a *LayoutError when
+// Redis holds another build's layout of fleetcap's keys.
 func New(cfg *Config, opts ...Option) (*Worker, error) {
 	if cfg == nil {
 		return nil, errors.New("worker: New: nil config")
@@ -151,6 +154,11 @@ func (w *Worker) connect() error {
 	if w.rdb, err = w.cfg.Redis.NewClient(); err != nil {
 		return err
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), storeCallTimeout)
+	defer cancel()
+	if w.layout, err = claimLayout(ctx, w.rdb, w.cfg, w.caps, "worker", w.log); err != nil {
+		return err // before anything reads or writes fleetcap's keys
+	}
 	var obs semaphore.Observer
 	if w.opts.observer != nil {
 		obs = w.opts.observer
@@ -180,8 +188,6 @@ func (w *Worker) connect() error {
 	}
 	w.server = asynqx.NewServerClient(serverRDB, slices.Collect(maps.Keys(w.cfg.Worker.Queues)), w.cfg.Worker.TaskCheckInterval, w.log)
 	w.asynqLog.kept = w.server.Kept
-	ctx, cancel := context.WithTimeout(context.Background(), storeCallTimeout)
-	defer cancel()
 	// A worker must not serve before it knows the overrides in force: a
 	// paused key would run.
 	if w.overrides, err = openOverrides(ctx, w.rdb, w.log); err != nil {
@@ -274,6 +280,9 @@ func (w *Worker) Limiter() *ratelimit.Limiter { return w.limiter }
 // Close frees what New opened; Run calls it when it returns.
 func (w *Worker) Close() {
 	w.closeOnce.Do(func() {
+		if w.layout != nil {
+			_ = w.layout.Close() // a lease not given back lapses by itself
+		}
 		if w.overrides != nil {
 			w.overrides.Close()
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fleetcap/fleetcap/monitoring"
 	"github.com/fleetcap/fleetcap/producer"
+	"github.com/fleetcap/fleetcap/tasks"
 	"github.com/fleetcap/fleetcap/worker"
 )
 
@@ -36,7 +37,7 @@ func enqueueCmd(ctx context.Context, args []string, stdin io.Reader, stdout, std
 			fmt.Fprintln(stderr, "enqueue: tracing shutdown:", serr)
 		}
 	}()
-	p, err := producer.New(cfg, producer.WithTracerProvider(tp))
+	p, err := producer.New(cfg, append(demoValidators(cfg), producer.WithTracerProvider(tp))...)
 	if err != nil {
 		return &usageError{err: err}
 	}
@@ -44,11 +45,7 @@ func enqueueCmd(ctx context.Context, args []string, stdin io.Reader, stdout, std
 
 	opts := o.taskOptions()
 	if err := p.CheckType(o.taskType, opts...); err != nil {
-		return &usageError{err: err}
-	}
-	if _, declared := cfg.Tasks[o.taskType]; !declared {
-		fmt.Fprintf(stderr, "enqueue: warning: %s is not declared in %s: it runs on queue %q without a fleet-wide cap\n",
-			o.taskType, o.configPath, worker.DefaultQueue)
+		return &usageError{err: fmt.Errorf("%w (in %s)", err, o.configPath)}
 	}
 	check := func(payload []byte) error { return p.Check(o.taskType, payload, opts...) }
 	var payloads [][]byte
@@ -76,6 +73,19 @@ func enqueueCmd(ctx context.Context, args []string, stdin io.Reader, stdout, std
 		return fmt.Errorf("cannot reach Redis: %w", err)
 	}
 	return enqueueAll(ctx, p, o.taskType, payloads, opts, stdout, stderr)
+}
+
+// demoValidators check the payloads of the demo task types of package
+// tasks (the workers of cmd/worker run their handlers) that cfg declares;
+// a type cfg does not declare cannot be enqueued, so it gets none.
+func demoValidators(cfg *worker.Config) []producer.Option {
+	var opts []producer.Option
+	for _, d := range tasks.All() {
+		if _, declared := cfg.Tasks[d.Type]; declared {
+			opts = append(opts, producer.WithValidator(d.Type, d.Validate))
+		}
+	}
+	return opts
 }
 
 // taskOptions are the asynq options the flags ask for; the producer puts

@@ -111,7 +111,8 @@ func TestBadInputExits2AndEnqueuesNothing(t *testing.T) {
 		{"short unique", "", []string{"--unique", "500ms", "report:fetch", acme}, "--unique must be at least 1s"},
 		{"negative in", "", []string{"--in", "-1s", "report:fetch", acme}, "--in must not be negative"},
 		{"queue not served", "", []string{"--queue", "bulk", "report:fetch", acme}, `queue "bulk" is not served by the fleet (worker.queues: critical, default)`},
-		{"unknown type", "", []string{"report:fetsh", acme}, `unknown task type "report:fetsh"; known types: report:fetch, webhook:deliver`},
+		{"unknown type", "", []string{"report:fetsh", acme}, `unknown task type "report:fetsh": the config declares report:fetch (in `},
+		{"demo type not declared", "", []string{"webhook:deliver", `{"tenant_id":"acme","url":"https://example.com/h","event":"invoice.paid"}`}, `unknown task type "webhook:deliver"`},
 		{"malformed JSON", "", []string{"report:fetch", `{"tenant_id":`}, "invalid report:fetch payload: malformed JSON"},
 		{"not an object", "", []string{"report:fetch", `acme`}, "invalid report:fetch payload: malformed JSON"},
 		{"rejected payload", "", []string{"report:fetch", `{"tenant_id":""}`}, "invalid report:fetch payload: tenant_id: required"},
@@ -258,28 +259,47 @@ func TestEnqueueFlagsOverrideConfig(t *testing.T) {
 	}
 }
 
-func TestUndeclaredTypeWarns(t *testing.T) {
-	f := newFleet(t)
-	payload := `{"tenant_id":"acme","url":"https://example.com/h","event":"invoice.paid"}`
-	code, ids, stderr := f.enqueue(t, "", "webhook:deliver", payload)
-	if code != exitOK || len(ids) != 1 || !strings.Contains(stderr, "warning: webhook:deliver is not declared") {
-		t.Fatalf("exit %d, ids %q, stderr %s", code, ids, stderr)
+// TestDeclaredTypesAreChecked: a demo type the config declares gets its
+// payload checked, a type of the user's own it declares is enqueued
+// without a check (enqueue knows no validator for it).
+func TestDeclaredTypesAreChecked(t *testing.T) {
+	t.Setenv(worker.EnvRedisURL, "")
+	srv := redistest.Start(t)
+	cfg := writeConfig(t, fmt.Sprintf(`
+redis: {url: %q}
+tasks:
+  webhook:deliver: {max_retry: 4}
+  image:resize: {}
+`, srv.URL()))
+	code, _, stderr := runCmd(t, "", "--config", cfg, "webhook:deliver", `{"tenant_id":"acme"}`)
+	if code != exitUsage || !strings.Contains(stderr, "invalid webhook:deliver payload") {
+		t.Errorf("rejected demo payload: exit %d, stderr %s", code, stderr)
 	}
-	if info := f.task(t, "default", ids[0]); info.MaxRetry != worker.DefaultMaxRetry || info.Timeout != worker.DefaultTaskTimeout {
-		t.Errorf("task = %+v", info)
+	code, ids, stderr := runCmd(t, "", "--config", cfg, "webhook:deliver", `{"tenant_id":"acme","url":"https://example.com/h","event":"invoice.paid"}`)
+	if code != exitOK || len(ids) != 1 || stderr != "" {
+		t.Fatalf("demo type: exit %d, ids %q, stderr %s", code, ids, stderr)
+	}
+	insp := asynq.NewInspector(asynq.RedisClientOpt{Addr: srv.Addr()})
+	defer insp.Close()
+	if info, err := insp.GetTaskInfo("default", ids[0]); err != nil || info.MaxRetry != 4 {
+		t.Errorf("task = %+v, %v; want max_retry 4 (configured)", info, err)
+	}
+	code, ids, stderr = runCmd(t, "", "--config", cfg, "image:resize", `{"any":"payload"}`)
+	if code != exitOK || len(ids) != 1 || stderr != "" {
+		t.Errorf("a type of the user's own: exit %d, ids %q, stderr %s", code, ids, stderr)
 	}
 }
 
 func TestRedisUnreachableExits1(t *testing.T) {
 	t.Setenv(worker.EnvRedisURL, "")
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(redistest.FreePort(t)))
-	cfg := writeConfig(t, fmt.Sprintf("redis: {url: %q}\n", "redis://"+addr))
+	cfg := writeConfig(t, fmt.Sprintf("redis: {url: %q}\ntasks: {report:fetch: {}}\n", "redis://"+addr))
 	code, ids, stderr := runCmd(t, "", "--config", cfg, "report:fetch", acme)
 	if code != exitFailure || len(ids) != 0 || !strings.Contains(stderr, "cannot reach Redis") {
 		t.Errorf("exit %d, ids %q, stderr %s", code, ids, stderr)
 	}
 
-	cfg = writeConfig(t, fmt.Sprintf("redis: {embedded_addr: %q}\n", addr))
+	cfg = writeConfig(t, fmt.Sprintf("redis: {embedded_addr: %q}\ntasks: {report:fetch: {}}\n", addr))
 	code, _, stderr = runCmd(t, "", "--config", cfg, "report:fetch", acme)
 	if code != exitFailure || !strings.Contains(stderr, "is a worker running?") {
 		t.Errorf("embedded: exit %d, stderr %s", code, stderr)
@@ -294,7 +314,7 @@ func TestEnqueueToEmbeddedRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	cfg := writeConfig(t, fmt.Sprintf("redis: {embedded_addr: %q}\n", addr))
+	cfg := writeConfig(t, fmt.Sprintf("redis: {embedded_addr: %q}\ntasks: {report:fetch: {}}\n", addr))
 	code, ids, stderr := runCmd(t, "", "--config", cfg, "report:fetch", acme)
 	if code != exitOK || len(ids) != 1 {
 		t.Fatalf("exit %d, ids %q, stderr %s", code, ids, stderr)

@@ -5,7 +5,8 @@
 //	worker [--config PATH]
 //
 // SIGINT or SIGTERM shut it down gracefully (exit 0). A bad config or bad
-// arguments exit 2.
+// arguments exit 2, and so does a Redis whose layout of fleetcap's keys is
+// another build's.
 package main
 
 import (
@@ -118,7 +119,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	w, err = worker.New(cfg, worker.WithObserver(metrics), worker.WithLogger(logger), worker.WithTracerProvider(tp))
 	var fileErr *worker.EmbeddedFileError
-	if errors.As(err, &fileErr) {
+	var layoutErr *worker.LayoutError
+	if errors.As(err, &fileErr) || errors.As(err, &layoutErr) {
 		return usageError{err}
 	}
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetcap/fleetcap/internal/layout"
 	"github.com/fleetcap/fleetcap/internal/redistest"
 	"github.com/fleetcap/fleetcap/internal/syncbuf"
 )
@@ -101,6 +102,31 @@ func startWorker(t *testing.T, path string) (base string, stop func()) {
 			}
 		case <-time.After(20 * time.Second):
 			t.Fatal("worker did not stop")
+		}
+	}
+}
+
+// TestAnotherLayoutExits2: on a Redis where a process of another build's
+// layout is live, the worker does not start: exit 2, and a message naming
+// both layouts and what to do.
+func TestAnotherLayoutExits2(t *testing.T) {
+	srv := redistest.Start(t)
+	other, err := layout.Claim(context.Background(), srv.Client(), layout.Options{Role: "worker", Version: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	cfg := writeConfig(t, "redis:\n  url: "+srv.URL()+"\nmonitoring:\n  addr: 127.0.0.1:0\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	code := exitCode(run(ctx, []string{"--config", cfg}, &stdout, &stderr), &stderr)
+	if code != 2 || stdout.Len() != 0 {
+		t.Fatalf("exit %d, stdout %q, stderr:\n%s\nwant exit 2 and nothing printed", code, stdout.String(), stderr.String())
+	}
+	for _, want := range []string{"worker: fleetcap: this build speaks Redis layout 2, but 1 process(es) of layout 3", other.Name(), "stop every process of the layout-3 build"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("stderr %q does not say %q", stderr.String(), want)
 		}
 	}
 }

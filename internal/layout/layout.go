@@ -1,0 +1,373 @@
+// Package layout versions fleetcap's Redis layout: the names, types and
+// contents of every key fleetcap owns (the semaphores and their waiting
+// rooms, the rate limits, the runtime overrides). One Redis serves one
+// layout at a time, so that no process fails with WRONGTYPE on another
+// build's key or misreads its data (SPEC §2.12).
+//
+// This build speaks layout 2 (Version). Layout 1 is that of the builds from
+// before 46ae4d4, which recorded no version: their waiting room of a key,
+// <semaphore.prefix>{<key>}:parked, was a LIST, where layout 2 keeps a
+// ZSET under the same name.
+//
+// The record is one Redis hash, fleetcap:layout (Key), without a TTL. Its
+// field "version" is the layout the fleet's data is in; a field
+// "process <name>" per live worker or producer holds "<layout> <lease
+// expiry>", the expiry in milliseconds of the Redis server's clock. Every
+// process renews its lease every Lease/3 (Lease is 30 s) and gives it back
+// when it closes; a killed process's lease lapses by itself. One key
+// serves a Redis Cluster as well (its script touches that key alone) and
+// the embedded Redis, whose file keeps it.
+//
+// A process starts (Claim) only when
+//   - no process of another layout holds a live lease;
+//   - the recorded version is not newer than its own (it cannot read a
+//     newer layout's data; an older one is taken over: a newer build knows
+//     its predecessors' layouts);
+//   - none of the parked keys of the config's plain cap keys is a LIST
+//     (layout 1's data, which carries no record).
+//
+// Otherwise it refuses with an *Error that names both layouts and what to
+// do. The checks and the record are made in one script, so two processes
+// of different layouts that start at once cannot both pass. A build from
+// before 46ae4d4 that runs but has parked nothing is invisible to the
+// check: stop the old fleet before starting a new one.
+//
+// A later layout that changes a key keeps this record's format, bumps
+// Version, and checks at Claim for its predecessor's data that may outlive
+// the predecessor's processes, as this one checks for layout 1's lists.
+package layout
+
+import (
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Version is the Redis layout this build speaks.
+const Version = 2
+
+// Key is the Redis hash that records the layout and its live processes.
+const Key = "fleetcap:layout"
+
+// DefaultLease is how long a process's lease lasts after its last renewal;
+// it is renewed every third of it.
+const DefaultLease = 30 * time.Second
+
+// firstVersioned is the commit from which builds record their layout;
+// the builds before it speak layout 1.
+const firstVersioned = "46ae4d4"
+
+//go:embed claim.lua
+var claimSrc string
+
+var claimScript = redis.NewScript(claimSrc)
+
+// Options configure Claim.
+type Options struct {
+	// Role is what the process is, "worker" or "producer": the start of
+	// its name in the record, which names the host and pid too.
+	Role string
+	// SemaphorePrefix and CapKeys are the config's semaphore.prefix and
+	// its plain (not templated) cap keys: where layout 1 kept its lists.
+	SemaphorePrefix string
+	CapKeys         []string
+	// Logger receives the renewals' warnings; default slog.Default().
+	Logger *slog.Logger
+
+	// Version is the layout claimed; default (0) Version. Tests stand in
+	// for other builds with it.
+	Version int
+	// Lease is the lease of the process; default DefaultLease.
+	Lease time.Duration
+}
+
+// Process is a live process of another layout, as the record shows it.
+type Process struct {
+	Name   string        // role@host:pid:nonce
+	Layout string        // its layout ("?": an entry this build cannot read)
+	Left   time.Duration // until its lease lapses, unless it is renewed
+}
+
+// Error is a refused start: Redis holds another layout than this build's.
+type Error struct {
+	Want  int    // this build's layout
+	Found string // the other layout: "1" for the lists of the builds before 46ae4d4
+	// Live are the processes of the other layout that hold a lease; none
+	// when the record's version or a list refused the start.
+	Live []Process
+	// Lists are the parked keys found as LISTs (layout 1), with the TTL
+	// each has left (-1: none).
+	Lists []List
+}
+
+// List is one of layout 1's lists of parked tokens.
+type List struct {
+	Key string
+	TTL time.Duration // -1: no TTL
+}
+
+// Error says what this build found and what to do.
+func (e *Error) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "fleetcap: this build speaks Redis layout %d, but ", e.Want)
+	switch {
+	case len(e.Live) > 0:
+		last := time.Duration(0)
+		names := make([]string, 0, len(e.Live))
+		for _, p := range e.Live {
+			last = max(last, p.Left)
+			if len(names) < 3 {
+				names = append(names, p.Name)
+			}
+		}
+		more := ""
+		if len(e.Live) > len(names) {
+			more = fmt.Sprintf(" and %d more", len(e.Live)-len(names))
+		}
+		fmt.Fprintf(&b, "%d process(es) of layout %s hold a live lease in %s (%s%s). "+
+			"One Redis serves one layout at a time: stop every process of the layout-%s build, then start this one "+
+			"(a process that stops gives its lease back; a killed one's lapses within %s); "+
+			"or run the layout-%s build here instead",
+			len(e.Live), e.Found, Key, strings.Join(names, ", "), more, e.Found, last.Round(time.Second), e.Found)
+		if slices.ContainsFunc(e.Live, func(p Process) bool { return p.Layout == "?" }) {
+			fmt.Fprintf(&b, `; an entry of layout "?" is one this build cannot read: once its process is gone, delete it (HDEL %s "process <name>")`, Key)
+		}
+	case len(e.Lists) > 0:
+		l := e.Lists[0]
+		lapse := "it has no TTL"
+		if l.TTL >= 0 {
+			lapse = "this one's lapses in " + l.TTL.Round(time.Second).String()
+		}
+		more := ""
+		if len(e.Lists) > 1 {
+			more = fmt.Sprintf(" (and %d more such keys)", len(e.Lists)-1)
+		}
+		fmt.Fprintf(&b, "%s is a LIST%s: data of layout 1, kept by the fleetcap builds from before %s (they record no layout). "+
+			"Stop every process of that build; its lists of parked tasks lapse within their TTL (%s), then start this one; "+
+			"or delete them (DEL %s): their tasks come back at their retry time all the same",
+			l.Key, more, firstVersioned, lapse, l.Key)
+	default:
+		if _, err := strconv.Atoi(e.Found); err != nil {
+			fmt.Fprintf(&b, "%s records the layout %q, which no fleetcap build writes: repair or delete that key", Key, e.Found)
+			break
+		}
+		fmt.Fprintf(&b, "the data on this Redis is in layout %s (%s), which this build cannot read. "+
+			"Run a build that speaks layout %s or later; to go back to layout %d on purpose, stop every process, "+
+			"remove what layout %s wrote, and delete %s",
+			e.Found, Key, e.Found, e.Want, e.Found, Key)
+	}
+	return b.String()
+}
+
+// Lease is a process's claim on the layout: renewed in the background
+// until Close.
+type Lease struct {
+	rdb   redis.UniversalClient
+	opts  Options
+	name  string
+	lists []string
+	log   *slog.Logger
+
+	stop chan struct{}
+	done chan struct{}
+	once sync.Once
+}
+
+// Claim checks that rdb speaks this build's layout and records this
+// process as a live speaker of it, with a lease renewed until Close. A
+// refusal is an *Error and writes nothing (it may drop leases that
+// lapsed); any other error is Redis's.
+func Claim(ctx context.Context, rdb redis.UniversalClient, opts Options) (*Lease, error) {
+	if rdb == nil || opts.Role == "" || opts.Version < 0 || opts.Lease < 0 {
+		return nil, fmt.Errorf("layout: Claim wants a client, a role, and no negative version or lease (role %q, version %d, lease %s)",
+			opts.Role, opts.Version, opts.Lease)
+	}
+	if opts.Version == 0 {
+		opts.Version = Version
+	}
+	if opts.Lease == 0 {
+		opts.Lease = DefaultLease
+	}
+	if opts.Lease < 3*time.Millisecond {
+		return nil, fmt.Errorf("layout: a lease of %s is shorter than 3ms", opts.Lease)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	l := &Lease{rdb: rdb, opts: opts, name: processName(opts.Role), log: opts.Logger,
+		lists: layout1Parked(opts.SemaphorePrefix, opts.CapKeys), stop: make(chan struct{}), done: make(chan struct{})}
+	if err := l.checkLists(ctx); err != nil {
+		return nil, err
+	}
+	if err := l.claim(ctx, "start"); err != nil {
+		return nil, err
+	}
+	go l.renewLoop()
+	return l, nil
+}
+
+// Name is the process's name in the record.
+func (l *Lease) Name() string { return l.name }
+
+// Close stops the renewals and gives the lease back (a failure to give it
+// back is returned: the lease then lapses by itself). It is safe to call
+// more than once.
+func (l *Lease) Close() error {
+	if !l.halt() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if err := l.rdb.HDel(ctx, Key, "process "+l.name).Err(); err != nil {
+		return fmt.Errorf("layout: give back the lease of %s (it lapses within %s): %w", l.name, l.opts.Lease, err)
+	}
+	return nil
+}
+
+// halt stops the renewals, once: it reports whether this call did.
+func (l *Lease) halt() bool {
+	halted := false
+	l.once.Do(func() {
+		close(l.stop)
+		<-l.done
+		halted = true
+	})
+	return halted
+}
+
+// layout1Parked are the names layout 1 gave the waiting rooms of keys: its
+// builds put no escape in the hash tag.
+func layout1Parked(prefix string, keys []string) []string {
+	out := make([]string, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, prefix+"{"+k+"}:parked")
+	}
+	return out
+}
+
+// checkLists refuses when a parked key is a LIST (layout 1).
+func (l *Lease) checkLists(ctx context.Context) error {
+	if len(l.lists) == 0 {
+		return nil
+	}
+	types := make([]*redis.StatusCmd, len(l.lists))
+	ttls := make([]*redis.DurationCmd, len(l.lists))
+	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range l.lists {
+			types[i] = p.Type(ctx, k)
+			ttls[i] = p.PTTL(ctx, k)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("layout: cannot check the Redis layout: read the types of the parked keys: %w", err)
+	}
+	e := &Error{Want: l.opts.Version, Found: "1"}
+	for i, k := range l.lists {
+		if types[i].Val() != "list" {
+			continue
+		}
+		ttl := ttls[i].Val()
+		if ttl < 0 {
+			ttl = -1
+		}
+		e.Lists = append(e.Lists, List{Key: k, TTL: ttl})
+	}
+	if len(e.Lists) > 0 {
+		return e
+	}
+	return nil
+}
+
+// claim runs the claim script; mode is "start" or "renew". It returns an
+// *Error when the script refused (start) or found another layout (renew).
+func (l *Lease) claim(ctx context.Context, mode string) error {
+	reply, err := claimScript.Run(ctx, l.rdb, []string{Key}, l.opts.Version, l.name, l.opts.Lease.Milliseconds(), mode).Slice()
+	if err != nil {
+		return fmt.Errorf("layout: cannot check the Redis layout: claim %s: %w", Key, err)
+	}
+	if len(reply) < 2 || (len(reply)-2)%3 != 0 {
+		return fmt.Errorf("layout: claim %s: a reply of %d values", Key, len(reply))
+	}
+	recorded, _ := reply[0].(string)
+	recordedOK, _ := reply[1].(int64)
+	e := &Error{Want: l.opts.Version}
+	for i := 2; i+2 < len(reply); i += 3 {
+		name, _ := reply[i].(string)
+		layout, _ := reply[i+1].(string)
+		left, _ := reply[i+2].(int64)
+		e.Live = append(e.Live, Process{Name: name, Layout: layout, Left: time.Duration(left) * time.Millisecond})
+		if e.Found == "" {
+			e.Found = layout // the first one's, should there be several
+		}
+	}
+	switch {
+	case len(e.Live) > 0:
+		return e
+	case recorded != "" && recorded != strconv.Itoa(l.opts.Version) && (recordedOK == 0 || mode == "renew"):
+		e.Found = recorded
+		return e
+	case recordedOK == 0:
+		return fmt.Errorf("layout: claim %s: refused without a reason", Key)
+	}
+	if recorded != "" && recorded != strconv.Itoa(l.opts.Version) {
+		l.log.Info("layout: this fleet's Redis layout moves on", "from", recorded, "to", l.opts.Version, "key", Key)
+	}
+	return nil
+}
+
+// renewLoop renews the lease every third of it until Close, and says
+// loudly when it finds another layout beside this one (a process of
+// another build started while this one could not renew, or a build from
+// before 46ae4d4 parked a task).
+func (l *Lease) renewLoop() {
+	defer close(l.done)
+	every := l.opts.Lease / 3
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-tick.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), every)
+		err := l.claim(ctx, "renew")
+		if err == nil {
+			err = l.checkLists(ctx)
+		}
+		cancel()
+		var le *Error
+		switch {
+		case errors.As(err, &le):
+			l.log.Error("layout: another Redis layout beside this process's: "+le.Error(), "process", l.name)
+		case err != nil:
+			l.log.Warn("layout: cannot renew this process's lease (it lapses unless a renewal gets through)",
+				"process", l.name, "lease", l.opts.Lease, "err", err)
+		}
+	}
+}
+
+// processName names this process in the record: its role, host, pid and
+// a nonce (two processes of one pid, in tests, stay apart).
+func processName(role string) string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown-host"
+	}
+	nonce := make([]byte, 4)
+	_, _ = rand.Read(nonce) // crypto/rand.Read never fails (Go 1.24+)
+	return fmt.Sprintf("%s@%s:%d:%s", role, host, os.Getpid(), hex.EncodeToString(nonce))
+}
