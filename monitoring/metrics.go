@@ -205,6 +205,9 @@ func (m *Metrics) SetCapacity(key string, capacity int) {
 
 // Acquire implements semaphore.Observer.
 func (m *Metrics) Acquire(e semaphore.AcquireEvent) {
+	if e.Outcome == semaphore.OutcomeStandby {
+		return // no seat yet, no failure either: the wait's own event ends it
+	}
 	k := m.keyLabel(e.Key)
 	if e.Acquired() {
 		m.acquisitions.WithLabelValues(k, "acquired").Inc()

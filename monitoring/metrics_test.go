@@ -75,6 +75,70 @@ func TestMetricsSetCapacityCreatesZeroSeries(t *testing.T) {
 	mustSample(t, mfs, "redisx_semaphore_permits_active", "key", "k")
 }
 
+// TestStandbyThenSeatIsNotAFailure: a task that finds the cap full, takes a
+// standby place and then its seat counts one acquisition and no failure
+// (it used to count a failed acquire, reason full, first, so that "seats
+// not taken" read half of all acquisitions in normal running); a task
+// parked for want of a place still counts as full.
+func TestStandbyThenSeatIsNotAFailure(t *testing.T) {
+	f := newFixture(t, fixtureOptions{keys: []KeyInfo{{Key: "legacy-api", Capacity: 1}}})
+	ctx := context.Background()
+	held := f.hold(t, "legacy-api", 1, 1, "running")
+	room := semaphore.Room{Standby: 1, Hold: time.Minute, Transit: time.Minute, TTL: time.Minute}
+	e, err := f.sem.Enter(ctx, "legacy-api", 1, "default\x00a", room, semaphore.WithHolder("a"))
+	if err != nil || !e.Standby {
+		t.Fatalf("Enter on a full cap: %+v, %v; want a standby place", e, err)
+	}
+	mfs := scrape(t, f.http.URL+"/metrics")
+	if got := mustSample(t, mfs, "redisx_semaphore_acquisitions_total", "key", "legacy-api", "status", "failed"); got != 0 {
+		t.Errorf("a task standing by counts %v failed acquisitions, want 0", got)
+	}
+	got := make(chan error, 1)
+	go func() {
+		p, err := e.Wait(ctx, semaphore.WithWaitTimeout(10*time.Second))
+		if err == nil {
+			err = p.Release(ctx)
+		}
+		got <- err
+	}()
+	if err := held[0].Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("the task standing by: %v", err)
+	}
+	if err := e.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A second task finds the seat free; a third, with the seat taken and
+	// the place too, is parked: that is a seat not taken for want of one.
+	f.hold(t, "legacy-api", 1, 1, "again")
+	if e, err := f.sem.Enter(ctx, "legacy-api", 1, "default\x00b", room); err != nil || !e.Standby {
+		t.Fatalf("b: %+v, %v; want a standby place", e, err)
+	}
+	if e, err := f.sem.Enter(ctx, "legacy-api", 1, "default\x00c", room); err != nil || e.Standby || e.Permit != nil {
+		t.Fatalf("c: %+v, %v; want parked", e, err)
+	}
+
+	mfs = scrape(t, f.http.URL+"/metrics")
+	for _, c := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"redisx_semaphore_acquisitions_total", []string{"key", "legacy-api", "status", "acquired"}, 3},
+		{"redisx_semaphore_acquisitions_total", []string{"key", "legacy-api", "status", "failed"}, 1},
+		{"fleetcap_semaphore_acquire_failures_total", []string{"key", "legacy-api", "reason", "full"}, 1},
+	} {
+		if got := mustSample(t, mfs, c.name, c.labels...); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
+	}
+	if _, ok := sample(mfs, "fleetcap_semaphore_acquire_failures_total", "reason", "standby"); ok {
+		t.Error("standing by is counted as a reason a seat was not taken")
+	}
+}
+
 func TestMetricsKeyLabelBoundsCardinality(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m, err := NewMetrics(reg, MetricsOptions{KeyLabel: func(key string) string {
