@@ -130,12 +130,24 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		w.Handle(d.Type, d.Handler)
 	}
 	for _, k := range w.DeclaredKeys() {
-		if k.Template == "" {
+		switch k.Template {
+		case "":
 			metrics.SetCapacity(k.Key, k.Capacity)
+		case k.Key:
+			// No capacity series: the template's seats in use sum its
+			// rendered keys, which each have the capacity.
+			metrics.DeclareKey(k.Key)
 		}
 	}
 	for _, k := range keys.RateKeys() {
 		metrics.SetRateLimit(k.Key, k.Limit)
+	}
+	for _, tk := range keys.TaskKeys() {
+		whys := make([]string, len(tk.Reasons))
+		for i, r := range tk.Reasons {
+			whys[i] = string(r)
+		}
+		metrics.DeclareTask(tk.Key, tk.TaskType, tk.Rate, whys...)
 	}
 	reg.MustRegister(monitoring.NewQueueCollector(w.Inspector(), monitoring.QueueCollectorOptions{Logger: logger}))
 
