@@ -149,20 +149,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		metrics.DeclareTask(tk.Key, tk.TaskType, tk.Rate, whys...)
 	}
-	reg.MustRegister(monitoring.NewQueueCollector(w.Inspector(), monitoring.QueueCollectorOptions{Logger: logger}))
+	keyInfos := func(context.Context) ([]monitoring.KeyInfo, error) {
+		keys := w.DeclaredKeys()
+		out := make([]monitoring.KeyInfo, len(keys))
+		for i, k := range keys {
+			out[i] = monitoring.KeyInfo{Key: k.Key, Capacity: k.Capacity, Template: k.Template}
+		}
+		return out, nil
+	}
+	rooms, err := monitoring.NewRoomCollector(w.Semaphore(), keyInfos, monitoring.RoomCollectorOptions{Logger: logger})
+	if err != nil {
+		return err
+	}
+	reg.MustRegister(monitoring.NewQueueCollector(w.Inspector(), monitoring.QueueCollectorOptions{Logger: logger}), rooms)
 
 	srv, err := monitoring.NewServer(monitoring.ServerOptions{
 		Addr:      cfg.Monitoring.Addr,
 		Gatherer:  reg,
 		Semaphore: w.Semaphore(),
-		Keys: func(ctx context.Context) ([]monitoring.KeyInfo, error) {
-			keys := w.DeclaredKeys()
-			out := make([]monitoring.KeyInfo, len(keys))
-			for i, k := range keys {
-				out[i] = monitoring.KeyInfo{Key: k.Key, Capacity: k.Capacity, Template: k.Template}
-			}
-			return out, nil
-		},
+		Keys:      keyInfos,
 		LookupKey: func(key string) (monitoring.KeyInfo, bool) {
 			k, ok := keys.LookupCap(key)
 			return monitoring.KeyInfo{Key: k.Key, Capacity: k.Capacity, Template: k.Template}, ok
