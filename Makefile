@@ -13,7 +13,7 @@ run: ## run one worker on the embedded Redis (config.yaml)
 	$(GO) run ./cmd/worker
 
 .PHONY: deps
-deps: ## install what the tests need (redis-server, redis-sentinel, chromium) when missing
+deps: ## install what the tests need (redis-server, redis-sentinel, chromium, promtool) when missing
 	@scripts/install-deps.sh
 
 .PHONY: test

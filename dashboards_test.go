@@ -168,7 +168,7 @@ func alertExprs(t *testing.T) map[string]string {
 			exprs[r.Alert] = r.Expr
 		}
 	}
-	for _, want := range []string{"FleetcapLeaseLost", "FleetcapCapSaturated", "FleetcapRequeueStorm"} {
+	for _, want := range []string{"FleetcapLeaseLost", "FleetcapCapSaturated", "FleetcapCapWaitTooLong", "FleetcapRequeueStorm"} {
 		if _, ok := exprs[want]; !ok {
 			t.Errorf("%s: no alert %s", alertsFile, want)
 		}
@@ -233,15 +233,26 @@ func scrapeMetrics(url string) (map[string]*dto.MetricFamily, error) {
 	return p.TextToMetricFamilies(resp.Body)
 }
 
+// backlogMetrics are the series of the waiting rooms, read from Redis: the
+// dashboard and the alerts must show the backlog behind a cap with them.
+var backlogMetrics = []string{"fleetcap_semaphore_tasks_waiting", "fleetcap_semaphore_oldest_wait_seconds", "fleetcap_semaphore_standby"}
+
 // TestDashboardAndAlertsUseExportedMetrics parses the Grafana dashboard
-// and the Prometheus alert rules (every expression with a PromQL parser), then runs the worker binary through what makes each
-// series appear (seats taken and waited for, tasks requeued for a full
-// semaphore, a force-release that loses a running task's lease) and finds
-// every metric name they use on its /metrics. A panel or rule added later
-// is checked the same way; one whose series only some event creates needs
-// that event added here.
+// and the Prometheus alert rules (every expression with a PromQL parser),
+// checks that they show the backlog behind a cap (backlogMetrics, and the
+// waiting rooms' reading in the Redis alert), then runs the worker binary
+// through what makes each series appear (seats taken and waited for, tasks
+// waiting behind a full semaphore, a force-release that loses a running
+// task's lease) and finds every metric name they use on its /metrics. A
+// panel or rule added later is checked the same way; one whose series
+// only some event creates needs that event added here.
 func TestDashboardAndAlertsUseExportedMetrics(t *testing.T) {
 	used := usedMetrics(t)
+	for _, name := range append(backlogMetrics, "fleetcap_semaphore_rooms_up") {
+		if _, ok := used[name]; !ok {
+			t.Errorf("neither %s nor %s uses %s: the backlog behind a cap goes unseen", dashboardFile, alertsFile, name)
+		}
+	}
 	const token = "dash-token"
 	srv := redistest.Start(t)
 	cfg := writeFile(t, "fleet.yaml", fmt.Sprintf(`redis: {url: %q}

@@ -3,7 +3,6 @@ package monitoring
 import (
 	"errors"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -31,15 +30,8 @@ type QueueCollectorOptions struct {
 // asynq_queue_paused_total{queue}. It adds fleetcap_asynq_up (0 when the
 // last reading failed). Create it with NewQueueCollector.
 type QueueCollector struct {
-	insp     *asynq.Inspector
-	cacheFor time.Duration
-	log      *slog.Logger
-	now      func() time.Time
-
-	mu     sync.Mutex // held across a reading, so concurrent scrapes share one
-	readAt time.Time
-	infos  []*asynq.QueueInfo
-	err    error
+	insp  *asynq.Inspector
+	cache scrapeCache[[]*asynq.QueueInfo]
 }
 
 var _ prometheus.Collector = (*QueueCollector)(nil)
@@ -75,14 +67,7 @@ var (
 // insp. The caller owns insp (and closes it); a nil insp reports
 // fleetcap_asynq_up 0.
 func NewQueueCollector(insp *asynq.Inspector, opts QueueCollectorOptions) *QueueCollector {
-	c := &QueueCollector{insp: insp, cacheFor: opts.CacheFor, log: opts.Logger, now: time.Now}
-	if c.cacheFor == 0 {
-		c.cacheFor = 5 * time.Second
-	}
-	if c.log == nil {
-		c.log = slog.Default()
-	}
-	return c
+	return &QueueCollector{insp: insp, cache: newScrapeCache[[]*asynq.QueueInfo](opts.CacheFor, opts.Logger, "asynq queue statistics")}
 }
 
 // Describe implements prometheus.Collector. It sends fixed descriptors and
@@ -98,7 +83,7 @@ func (c *QueueCollector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *QueueCollector) Collect(ch chan<- prometheus.Metric) {
-	infos, err := c.read()
+	infos, err := c.cache.get(c.readQueues)
 	up := 1.0
 	if err != nil {
 		up = 0
@@ -129,24 +114,6 @@ func (c *QueueCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(queueProcessedDesc, prometheus.CounterValue, float64(q.ProcessedTotal), q.Queue)
 		ch <- prometheus.MustNewConstMetric(queueFailedDesc, prometheus.CounterValue, float64(q.FailedTotal), q.Queue)
 	}
-}
-
-// read returns the cached reading, or reads the queues again when it is
-// older than cacheFor. A failed reading is cached too, so an outage costs
-// one round of Redis calls per interval, not one per scrape.
-func (c *QueueCollector) read() ([]*asynq.QueueInfo, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	now := c.now()
-	if !c.readAt.IsZero() && c.cacheFor > 0 && now.Sub(c.readAt) < c.cacheFor {
-		return c.infos, c.err
-	}
-	c.infos, c.err = c.readQueues()
-	c.readAt = now
-	if c.err != nil {
-		c.log.Warn("monitoring: read asynq queue statistics", "err", c.err)
-	}
-	return c.infos, c.err
 }
 
 func (c *QueueCollector) readQueues() ([]*asynq.QueueInfo, error) {

@@ -49,7 +49,7 @@ func TestQueueCollector(t *testing.T) {
 
 	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
 	qc := NewQueueCollector(insp, QueueCollectorOptions{})
-	qc.now = clock.Now
+	qc.cache.now = clock.Now
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(qc)
 

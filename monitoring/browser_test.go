@@ -2,6 +2,7 @@ package monitoring
 
 import (
 	"context"
+	"fmt"
 	"html"
 	"io"
 	"net/http"
@@ -102,6 +103,17 @@ func pageFixture(t *testing.T) (*fixture, []string) {
 	take("tenant:acme", 2, 45*time.Second, "b2d4f6a8-0c1e-4a3b-9d5f-7e9a1b3c5d66")
 	take("tenant:acme", 2, 57*time.Second, "d4f6a8c0-2e3a-4b5c-8f7e-9a1b3c5d7e80")
 	take("tenant:globex", 2, 33*time.Second, "f6a8c0e2-4a5b-4c6d-a0f1-2b3c4d5e6f71")
+	// Behind the full legacy-api, 12 tasks wait: 5 stand by in worker
+	// slots (the standby budget), 7 wait in Redis; 3 wait for tenant:acme.
+	room := func(standby int) semaphore.Room {
+		return semaphore.Room{Standby: standby, Hold: 10 * time.Minute, Transit: 10 * time.Minute, TTL: 10 * time.Minute}
+	}
+	var waiting []string
+	for i := range 12 {
+		waiting = append(waiting, fmt.Sprintf("5e%02d41c7-9b3a-4f2e-8d6c-%012x", i, 0x7a1b3c5d9e00+i))
+	}
+	f.waitIn(t, "legacy-api", 5, room(5), waiting...)
+	f.waitIn(t, "tenant:acme", 2, room(2), "0c9e7a5b-3d1f-4b2a-9e8c-6a4f2d0b8e13", "2e0a8c6d-4f2b-4c3e-8a9d-7b5e3f1c9d24", "4f1b9d7e-5a3c-4d4f-9b0e-8c6f4a2d0e35")
 	return f, legacyTasks
 }
 
@@ -113,6 +125,7 @@ func TestSemaphoresPageInChromium(t *testing.T) {
 	for _, want := range append([]string{
 		`data-key="legacy-api"`, "5 / 5", "FULL", "3 / 10", "0 / 3",
 		"tenant:{tenant_id}", "tenant:acme", "2 / 2", "Live · updated",
+		"12 waiting", "5 standing by", "3 waiting", "2 standing by", "oldest ", "Tasks waiting", "Oldest wait", ">15<",
 	}, tasks...) {
 		if !strings.Contains(dom, want) {
 			t.Errorf("rendered page lacks %q", want)

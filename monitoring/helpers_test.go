@@ -8,6 +8,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/fleetcap/fleetcap/internal/metricstest"
 )
 
 // families indexes what g gathers by metric name.
@@ -49,36 +51,9 @@ func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
 }
 
 // sample finds the series of name whose labels include the given
-// name/value pairs and returns its value (counter, gauge, or a histogram's
-// sample count).
+// name/value pairs and returns its value (see metricstest.Sample).
 func sample(mfs map[string]*dto.MetricFamily, name string, labels ...string) (float64, bool) {
-	mf, ok := mfs[name]
-	if !ok {
-		return 0, false
-	}
-next:
-	for _, m := range mf.GetMetric() {
-		have := map[string]string{}
-		for _, lp := range m.GetLabel() {
-			have[lp.GetName()] = lp.GetValue()
-		}
-		for i := 0; i+1 < len(labels); i += 2 {
-			if have[labels[i]] != labels[i+1] {
-				continue next
-			}
-		}
-		switch {
-		case m.Counter != nil:
-			return m.GetCounter().GetValue(), true
-		case m.Gauge != nil:
-			return m.GetGauge().GetValue(), true
-		case m.Histogram != nil:
-			return float64(m.GetHistogram().GetSampleCount()), true
-		case m.Untyped != nil:
-			return m.GetUntyped().GetValue(), true
-		}
-	}
-	return 0, false
+	return metricstest.Sample(mfs, name, labels...)
 }
 
 // mustSample is sample that fails the test when the series is missing.

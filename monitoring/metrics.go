@@ -133,7 +133,7 @@ func NewMetrics(reg prometheus.Registerer, opts MetricsOptions) (*Metrics, error
 		}, []string{"key", "task_type"}),
 		requeued: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fleetcap_tasks_requeued_total",
-			Help: "Tasks given back to the queue without counting as a failure, by why: full, timeout, shutdown, error.",
+			Help: "Tasks given back to the queue without counting as a failure, by why: full, timeout, shutdown, lease_lost, rate_limited (the key is a rate limit's), error.",
 		}, []string{"key", "task_type", "why"}),
 		rateTakes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fleetcap_ratelimit_takes_total",
@@ -190,21 +190,50 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 }
 
 // SetCapacity records the declared capacity of a key (for a template, the
-// seats of each rendered key) and creates its series at zero, so that
-// rate() and dashboards see the key before its first acquisition. Call it
-// once per declared key at start.
+// seats of each rendered key) and creates its series at zero (see
+// DeclareKey). Call it once per declared key at start.
 func (m *Metrics) SetCapacity(key string, capacity int) {
+	m.capacity.WithLabelValues(m.keyLabel(key)).Set(float64(capacity))
+	m.DeclareKey(key)
+}
+
+// DeclareKey creates the series of a declared key or template at zero
+// (acquisitions, seats held, slots waiting, lost leases and releases), so
+// that increase(), rate() and dashboards see the key before its first
+// event. SetCapacity calls it; call it alone for a key whose capacity is
+// not exported.
+func (m *Metrics) DeclareKey(key string) {
 	k := m.keyLabel(key)
-	m.capacity.WithLabelValues(k).Set(float64(capacity))
 	m.acquisitions.WithLabelValues(k, "acquired")
 	m.acquisitions.WithLabelValues(k, "failed")
 	m.active.WithLabelValues(k)
 	m.waiting.WithLabelValues(k)
 	m.leasesLost.WithLabelValues(k)
+	m.releasesLost.WithLabelValues(k)
+}
+
+// DeclareTask creates at zero the series of taskType's tasks on key (a
+// cap's key or template, or with rate set a rate limit's): their lost
+// leases (caps only) and their requeues for each of whys, so that
+// increase() and rate() see the first event. Call it once per task type
+// and key at start.
+func (m *Metrics) DeclareTask(key, taskType string, rate bool, whys ...string) {
+	k := m.keyLabel(key)
+	if rate {
+		k = m.rateKeyLabel(key)
+	} else {
+		m.taskLeaseLost.WithLabelValues(k, taskType)
+	}
+	for _, why := range whys {
+		m.requeued.WithLabelValues(k, taskType, why)
+	}
 }
 
 // Acquire implements semaphore.Observer.
 func (m *Metrics) Acquire(e semaphore.AcquireEvent) {
+	if e.Outcome == semaphore.OutcomeStandby {
+		return // no seat yet, no failure either: the wait's own event ends it
+	}
 	k := m.keyLabel(e.Key)
 	if e.Acquired() {
 		m.acquisitions.WithLabelValues(k, "acquired").Inc()
@@ -239,9 +268,15 @@ func (m *Metrics) ActiveChanged(key string, delta int) {
 }
 
 // Requeued counts a task the worker gave back to the queue without a
-// failure; why is "full", "timeout", "shutdown" or "error".
+// failure; why is one of the worker's RequeueReasons ("full", "timeout",
+// "shutdown", "lease_lost", "error", or "rate_limited", whose key is a
+// rate limit's and is labelled as RateKeyLabel says).
 func (m *Metrics) Requeued(key, taskType, why string) {
-	m.requeued.WithLabelValues(m.keyLabel(key), taskType, why).Inc()
+	k := m.keyLabel(key)
+	if why == "rate_limited" {
+		k = m.rateKeyLabel(key)
+	}
+	m.requeued.WithLabelValues(k, taskType, why).Inc()
 }
 
 // LeaseLost counts a running task whose seat was lost.

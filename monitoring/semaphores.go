@@ -46,6 +46,17 @@ type SemaphoreStatus struct {
 	Override           bool           `json:"override"` // Capacity comes from a runtime override
 	Used               int            `json:"used"`     // live holders; for a template, summed over its rendered keys
 	Holders            []HolderStatus `json:"holders"`
+	// Waiting is the tasks waiting for a seat, fleet-wide, read from the
+	// key's waiting room: parked in Redis, or holding a standby place.
+	// For a template, summed over its rendered keys the worker listed.
+	Waiting int `json:"waiting"`
+	// Standby is the standby places in use: tasks waiting in a worker
+	// slot for the next seat, or on their way to one (a template: summed).
+	Standby int `json:"standby"`
+	// OldestWaitSeconds is how long the task that has waited longest has
+	// waited (server clock); 0 when none waits; for a template, the
+	// longest of its rendered keys.
+	OldestWaitSeconds float64 `json:"oldest_wait_seconds"`
 
 	// Template rows only: the row stands for a per-payload template.
 	Template bool `json:"template,omitempty"`
@@ -77,9 +88,13 @@ func (s SemaphoreStatus) load() float64 {
 	return float64(s.Used) / float64(s.Capacity)
 }
 
-// busiestFirst orders rows by load, then seats used, then key.
+// busiestFirst orders rows by load, then tasks waiting, then seats used,
+// then key.
 func busiestFirst(a, b SemaphoreStatus) int {
 	if c := cmp.Compare(b.load(), a.load()); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(b.Waiting, a.Waiting); c != 0 {
 		return c
 	}
 	if c := cmp.Compare(b.Used, a.Used); c != 0 {
@@ -193,7 +208,7 @@ func (s *snapshotter) read(ctx context.Context) ([]SemaphoreStatus, error) {
 		return nil, err
 	}
 	// Plain and rendered keys hold seats; read them all, a few at a time.
-	var lookups []KeyInfo
+	lookups, declared := splitKeys(infos)
 	templates := map[string]*SemaphoreStatus{}
 	var order []string // templates in declaration order
 	addTemplate := func(name string, configured int) *SemaphoreStatus {
@@ -206,15 +221,8 @@ func (s *snapshotter) read(ctx context.Context) ([]SemaphoreStatus, error) {
 		}
 		return t
 	}
-	seen := map[string]bool{}
-	for _, k := range infos {
-		switch {
-		case k.Template != "" && k.Template == k.Key:
-			addTemplate(k.Key, k.Capacity).setCapacity(s, k.Capacity) // the template's own entry wins
-		case !seen[k.Key]:
-			seen[k.Key] = true
-			lookups = append(lookups, k)
-		}
+	for _, k := range declared {
+		addTemplate(k.Key, k.Capacity).setCapacity(s, k.Capacity) // the template's own entry wins
 	}
 	results, err := inParallel(len(lookups), func(i int) (SemaphoreStatus, error) { return s.status(ctx, lookups[i]) })
 	if err != nil {
@@ -231,7 +239,10 @@ func (s *snapshotter) read(ctx context.Context) ([]SemaphoreStatus, error) {
 		t := addTemplate(k.Template, k.Capacity)
 		t.Keys++
 		t.Used += results[i].Used
-		if results[i].Used > 0 {
+		t.Waiting += results[i].Waiting
+		t.Standby += results[i].Standby
+		t.OldestWaitSeconds = max(t.OldestWaitSeconds, results[i].OldestWaitSeconds)
+		if results[i].Used > 0 || results[i].Waiting > 0 {
 			children[k.Template] = append(children[k.Template], results[i])
 		}
 	}
@@ -249,9 +260,13 @@ func (s *snapshotter) read(ctx context.Context) ([]SemaphoreStatus, error) {
 	return rows, nil
 }
 
-// status reads the holders of one key.
+// status reads the holders and the waiting room of one key.
 func (s *snapshotter) status(ctx context.Context, k KeyInfo) (SemaphoreStatus, error) {
 	hs, err := s.sem.Holders(ctx, k.Key)
+	if err != nil {
+		return SemaphoreStatus{}, err
+	}
+	room, err := s.sem.RoomStats(ctx, k.Key)
 	if err != nil {
 		return SemaphoreStatus{}, err
 	}
@@ -260,6 +275,7 @@ func (s *snapshotter) status(ctx context.Context, k KeyInfo) (SemaphoreStatus, e
 	st := SemaphoreStatus{
 		Kind: KindSemaphore, Key: k.Key, Capacity: capacity, ConfiguredCapacity: k.Capacity, Override: over,
 		Used: len(hs), Holders: make([]HolderStatus, len(hs)),
+		Waiting: room.Waiting, Standby: room.Standby, OldestWaitSeconds: room.OldestWait.Seconds(),
 	}
 	for i, h := range hs {
 		st.Holders[i] = HolderStatus{PermitID: h.PermitID, TaskID: h.Label, ExpiresAt: h.ExpiresAt.UTC()}

@@ -74,6 +74,11 @@ func newFixture(t *testing.T, fo fixtureOptions) *fixture {
 	f.reg.MustRegister(NewQueueCollector(insp, QueueCollectorOptions{}))
 
 	keys := fo.keys
+	rooms, err := NewRoomCollector(f.sem, func(context.Context) ([]KeyInfo, error) { return keys, nil }, RoomCollectorOptions{CacheFor: -1, Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.reg.MustRegister(rooms)
 	opts := ServerOptions{
 		Gatherer:         f.reg,
 		Semaphore:        f.sem,

@@ -90,6 +90,10 @@ func (s *Service) WithPermit(ctx context.Context, key string, permits int, fn fu
 	return fn(ctx)
 }
 
+// errStandingBy is what an Enter's do hands observed when the task got a
+// standby place: no seat yet, and no failure either (OutcomeStandby).
+var errStandingBy = errors.New("semaphore: standing by")
+
 // observed wraps an acquisition in its span and its Observer event.
 func (s *Service) observed(ctx context.Context, key string, permits int, do func(context.Context) (*Permit, int, error)) (*Permit, error) {
 	start := time.Now()
@@ -102,6 +106,8 @@ func (s *Service) observed(ctx context.Context, key string, permits int, do func
 	outcome := OutcomeAcquired
 	var aerr *AcquisitionError
 	switch {
+	case errors.Is(err, errStandingBy):
+		outcome, err = OutcomeStandby, nil
 	case errors.As(err, &aerr):
 		outcome = Outcome(aerr.Reason)
 		attempts = aerr.Attempts

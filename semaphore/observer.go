@@ -2,21 +2,26 @@ package semaphore
 
 import "time"
 
-// Outcome is how one Acquire or TryAcquire call ended: OutcomeAcquired,
-// OutcomeFull (TryAcquire found no seat), or one of the Reasons.
+// Outcome is how one Acquire, TryAcquire or Enter call ended:
+// OutcomeAcquired, OutcomeFull (TryAcquire found no seat, Enter parked the
+// token), OutcomeStandby, or one of the Reasons.
 type Outcome string
 
 // The outcomes that are not a Reason.
 const (
 	OutcomeAcquired Outcome = "acquired"
 	OutcomeFull     Outcome = "full"
+	// OutcomeStandby: Enter found no free seat and gave a standby place.
+	// The task has not failed to take a seat yet: its Entry.Wait is the
+	// next call, and its own event tells how the wait ended.
+	OutcomeStandby Outcome = "standby"
 )
 
-// AcquireEvent describes one Acquire or TryAcquire call.
+// AcquireEvent describes one Acquire, TryAcquire, Enter or Entry.Wait call.
 type AcquireEvent struct {
 	Key      string
 	Capacity int
-	Outcome  Outcome // OutcomeAcquired, OutcomeFull, or Outcome(reason)
+	Outcome  Outcome // OutcomeAcquired, OutcomeFull, OutcomeStandby, or Outcome(reason)
 	Attempts int     // store round trips made for this call
 	Wait     time.Duration
 }
@@ -35,7 +40,8 @@ type ReleaseEvent struct {
 // metrics. Calls are made synchronously from the goroutine that caused the
 // event, so implementations must be fast and safe for concurrent use.
 type Observer interface {
-	// Acquire is called once per Acquire or TryAcquire call.
+	// Acquire is called once per Acquire, TryAcquire, Enter or Entry.Wait
+	// call.
 	Acquire(AcquireEvent)
 	// Release is called once per permit, on its first Release.
 	Release(ReleaseEvent)

@@ -117,6 +117,9 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 		}
 		e.arrival, e.Standby = res.ticket, outcome == 2
 		e.holdsPlace = e.Standby || res.kept
+		if e.Standby {
+			return nil, 1, errStandingBy // not a failure: observed as OutcomeStandby
+		}
 		if outcome != 1 {
 			return nil, 1, nil
 		}

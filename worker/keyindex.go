@@ -25,7 +25,26 @@ type DeclaredRateKey struct {
 type KeyIndex struct {
 	caps  []indexedCap  // plain keys first, then templates, each in key order
 	rates []indexedRate // likewise
+	tasks []TaskKey     // by task type, then caps before rate limits in declaration order
 }
+
+// TaskKey is a key a task type uses: one of its caps' keys or templates,
+// or one of its rate limits'. The metrics create the series of the pair at
+// start (see TaskKeys).
+type TaskKey struct {
+	TaskType string
+	Key      string
+	Rate     bool // a rate limit's key, not a cap's
+	// Reasons are the reasons a task of the type may go back to its queue
+	// on the key (see RequeueError.Key).
+	Reasons []RequeueReason
+}
+
+// The reasons a task goes back on a cap's key, and on a rate limit's.
+var (
+	capRequeueReasons  = []RequeueReason{RequeueFull, RequeueTimeout, RequeueShutdown, RequeueLeaseLost, RequeueStoreError}
+	rateRequeueReasons = []RequeueReason{RequeueRateLimited, RequeueStoreError}
+)
 
 type indexedCap struct {
 	cfg CapConfig
@@ -50,6 +69,7 @@ func NewKeyIndex(cfg *Config) (*KeyIndex, error) {
 			if c.Key == "" {
 				c.Key = typ
 			}
+			x.tasks = append(x.tasks, TaskKey{TaskType: typ, Key: c.Key, Reasons: slices.Clone(capRequeueReasons)})
 			if seenCap[c.Key] {
 				continue
 			}
@@ -61,6 +81,7 @@ func NewKeyIndex(cfg *Config) (*KeyIndex, error) {
 			x.caps = append(x.caps, indexedCap{cfg: c, kt: kt})
 		}
 		for _, rl := range t.RateLimits {
+			x.tasks = append(x.tasks, TaskKey{TaskType: typ, Key: rl.Key, Rate: true, Reasons: slices.Clone(rateRequeueReasons)})
 			if i, ok := rateAt[rl.Key]; ok {
 				x.rates[i].maxCost = max(x.rates[i].maxCost, rl.Cost)
 				continue
@@ -109,6 +130,10 @@ func (x *KeyIndex) LookupCap(key string) (DeclaredKey, bool) {
 	}
 	return DeclaredKey{}, false
 }
+
+// TaskKeys lists, for each task type, the keys of its caps and rate
+// limits, with the reasons its tasks may go back on each.
+func (x *KeyIndex) TaskKeys() []TaskKey { return slices.Clone(x.tasks) }
 
 // RateKeys lists the declared rate-limit keys and templates: plain keys
 // first, then templates, each in key order.

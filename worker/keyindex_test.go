@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -73,5 +74,20 @@ tasks:
 		if got := x.RateKeyLabel(key); got != want {
 			t.Errorf("RateKeyLabel(%q) = %q, want %q", key, got, want)
 		}
+	}
+	capWhys := []RequeueReason{RequeueFull, RequeueTimeout, RequeueShutdown, RequeueLeaseLost, RequeueStoreError}
+	rateWhys := []RequeueReason{RequeueRateLimited, RequeueStoreError}
+	want := []TaskKey{
+		{TaskType: "invoice:bulk", Key: "tenant:acme", Reasons: capWhys},
+		{TaskType: "invoice:bulk", Key: "stripe:{account_id}", Rate: true, Reasons: rateWhys},
+		{TaskType: "invoice:sync", Key: "stripe-conc", Reasons: capWhys},
+		{TaskType: "invoice:sync", Key: "tenant:{tenant_id}", Reasons: capWhys},
+		{TaskType: "invoice:sync", Key: "stripe:{account_id}", Rate: true, Reasons: rateWhys},
+		{TaskType: "invoice:sync", Key: "slack", Rate: true, Reasons: rateWhys},
+	}
+	if got := x.TaskKeys(); !slices.EqualFunc(got, want, func(a, b TaskKey) bool {
+		return a.TaskType == b.TaskType && a.Key == b.Key && a.Rate == b.Rate && slices.Equal(a.Reasons, b.Reasons)
+	}) {
+		t.Errorf("TaskKeys() =\n%+v\nwant\n%+v", got, want)
 	}
 }

@@ -132,27 +132,44 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		w.Handle(d.Type, d.Handler)
 	}
 	for _, k := range w.DeclaredKeys() {
-		if k.Template == "" {
+		switch k.Template {
+		case "":
 			metrics.SetCapacity(k.Key, k.Capacity)
+		case k.Key:
+			// No capacity series: the template's seats in use sum its
+			// rendered keys, which each have the capacity.
+			metrics.DeclareKey(k.Key)
 		}
 	}
 	for _, k := range keys.RateKeys() {
 		metrics.SetRateLimit(k.Key, k.Limit)
 	}
-	reg.MustRegister(monitoring.NewQueueCollector(w.Inspector(), monitoring.QueueCollectorOptions{Logger: logger}))
+	for _, tk := range keys.TaskKeys() {
+		whys := make([]string, len(tk.Reasons))
+		for i, r := range tk.Reasons {
+			whys[i] = string(r)
+		}
+		metrics.DeclareTask(tk.Key, tk.TaskType, tk.Rate, whys...)
+	}
+	keyInfos := func(context.Context) ([]monitoring.KeyInfo, error) {
+		keys := w.DeclaredKeys()
+		out := make([]monitoring.KeyInfo, len(keys))
+		for i, k := range keys {
+			out[i] = monitoring.KeyInfo{Key: k.Key, Capacity: k.Capacity, Template: k.Template}
+		}
+		return out, nil
+	}
+	rooms, err := monitoring.NewRoomCollector(w.Semaphore(), keyInfos, monitoring.RoomCollectorOptions{Logger: logger})
+	if err != nil {
+		return err
+	}
+	reg.MustRegister(monitoring.NewQueueCollector(w.Inspector(), monitoring.QueueCollectorOptions{Logger: logger}), rooms)
 
 	srv, err := monitoring.NewServer(monitoring.ServerOptions{
 		Addr:      cfg.Monitoring.Addr,
 		Gatherer:  reg,
 		Semaphore: w.Semaphore(),
-		Keys: func(ctx context.Context) ([]monitoring.KeyInfo, error) {
-			keys := w.DeclaredKeys()
-			out := make([]monitoring.KeyInfo, len(keys))
-			for i, k := range keys {
-				out[i] = monitoring.KeyInfo{Key: k.Key, Capacity: k.Capacity, Template: k.Template}
-			}
-			return out, nil
-		},
+		Keys:      keyInfos,
 		LookupKey: func(key string) (monitoring.KeyInfo, bool) {
 			k, ok := keys.LookupCap(key)
 			return monitoring.KeyInfo{Key: k.Key, Capacity: k.Capacity, Template: k.Template}, ok

@@ -1,0 +1,205 @@
+package monitoring
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/fleetcap/fleetcap/semaphore"
+)
+
+// The waiting rooms: how many tasks wait for each key and since when, read
+// from Redis (semaphore.Service.RoomStats), for the page's rows and for
+// the metrics. A row is a plain key, a rendered key, or a template, which
+// sums the rendered keys the worker lists (the oldest wait: the longest).
+
+// roomTotals is the waiting room of one row.
+type roomTotals struct {
+	waiting, standby int
+	oldest           time.Duration
+}
+
+func (r *roomTotals) add(st semaphore.RoomStats) {
+	r.waiting += st.Waiting
+	r.standby += st.Standby
+	r.oldest = max(r.oldest, st.OldestWait)
+}
+
+// splitKeys parts infos into the keys that hold seats and rooms (plain and
+// rendered keys, each once, in order) and the declared templates (in
+// order).
+func splitKeys(infos []KeyInfo) (seatKeys, templates []KeyInfo) {
+	seen := map[string]bool{}
+	for _, k := range infos {
+		switch {
+		case k.Template != "" && k.Template == k.Key:
+			templates = append(templates, k)
+		case !seen[k.Key]:
+			seen[k.Key] = true
+			seatKeys = append(seatKeys, k)
+		}
+	}
+	return seatKeys, templates
+}
+
+// rowKey is the row, and the metrics' key label, that k counts in: its
+// template for a rendered key, else the key itself.
+func (k KeyInfo) rowKey() string {
+	if k.Template != "" {
+		return k.Template
+	}
+	return k.Key
+}
+
+// RoomCollectorOptions tunes NewRoomCollector.
+type RoomCollectorOptions struct {
+	// CacheFor is how long one reading of the rooms serves scrapes: a
+	// reading costs one Redis call per listed key, and several Prometheus
+	// servers may scrape every few seconds. Default 5s; a negative value
+	// reads Redis on every scrape.
+	CacheFor time.Duration
+	// Timeout bounds one reading. Default 5s.
+	Timeout time.Duration
+	// Logger receives read errors (at most one per CacheFor). Default
+	// slog.Default().
+	Logger *slog.Logger
+}
+
+// RoomCollector exports the waiting rooms of the semaphore keys a worker
+// lists, read from Redis, so that an operator can alert on a backlog
+// behind a cap however its tasks came (dequeued and sent back, or enqueued
+// by the producer to wait without ever being dequeued):
+// fleetcap_semaphore_tasks_waiting{key},
+// fleetcap_semaphore_oldest_wait_seconds{key} and
+// fleetcap_semaphore_standby{key}, labelled as the page's rows are (a
+// rendered key by its template, which sums its rendered keys the worker
+// lists), and fleetcap_semaphore_rooms_up (0 when the last reading of a
+// key failed). The values are fleet-wide, the same in every worker that
+// lists the key: take max across instances, not sum. Create it with
+// NewRoomCollector.
+type RoomCollector struct {
+	sem     *semaphore.Service
+	keys    func(context.Context) ([]KeyInfo, error)
+	timeout time.Duration
+	cache   scrapeCache[[]roomRow]
+}
+
+// roomRow is one labelled series of a reading.
+type roomRow struct {
+	key string
+	roomTotals
+}
+
+var _ prometheus.Collector = (*RoomCollector)(nil)
+
+var (
+	roomWaitingDesc = prometheus.NewDesc("fleetcap_semaphore_tasks_waiting",
+		"Tasks waiting for a seat of the key, fleet-wide, read from its waiting room in Redis: parked there (in their queue, not dequeued) or holding a standby place (in a worker slot, or on their way to one). A template sums the rendered keys this worker lists.",
+		[]string{"key"}, nil)
+	roomOldestDesc = prometheus.NewDesc("fleetcap_semaphore_oldest_wait_seconds",
+		"How long the task that has waited longest for a seat of the key has waited, by the Redis server's clock; 0 when none waits. A template: the longest of the rendered keys this worker lists.",
+		[]string{"key"}, nil)
+	roomStandbyDesc = prometheus.NewDesc("fleetcap_semaphore_standby",
+		"Standby places of the key in use, fleet-wide: tasks waiting in a worker slot for the next seat, or let out of the waiting room and on their way to one.",
+		[]string{"key"}, nil)
+	roomsUpDesc = prometheus.NewDesc("fleetcap_semaphore_rooms_up",
+		"1 when the last reading of every listed key's waiting room from Redis succeeded, else 0.",
+		nil, nil)
+)
+
+// NewRoomCollector returns a collector reading the waiting rooms of the
+// keys that keys lists (see ServerOptions.Keys) through sem.
+func NewRoomCollector(sem *semaphore.Service, keys func(context.Context) ([]KeyInfo, error), opts RoomCollectorOptions) (*RoomCollector, error) {
+	if sem == nil || keys == nil {
+		return nil, errors.New("monitoring: NewRoomCollector needs a semaphore.Service and a key list")
+	}
+	c := &RoomCollector{sem: sem, keys: keys, timeout: opts.Timeout,
+		cache: newScrapeCache[[]roomRow](opts.CacheFor, opts.Logger, "the semaphores' waiting rooms")}
+	if c.timeout <= 0 {
+		c.timeout = 5 * time.Second
+	}
+	return c, nil
+}
+
+// Describe implements prometheus.Collector. It does not touch Redis.
+func (c *RoomCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{roomWaitingDesc, roomOldestDesc, roomStandbyDesc, roomsUpDesc} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *RoomCollector) Collect(ch chan<- prometheus.Metric) {
+	rows, err := c.cache.get(c.read)
+	up := 1.0
+	if err != nil {
+		up = 0
+	}
+	ch <- prometheus.MustNewConstMetric(roomsUpDesc, prometheus.GaugeValue, up)
+	for _, r := range rows {
+		ch <- prometheus.MustNewConstMetric(roomWaitingDesc, prometheus.GaugeValue, float64(r.waiting), r.key)
+		ch <- prometheus.MustNewConstMetric(roomOldestDesc, prometheus.GaugeValue, r.oldest.Seconds(), r.key)
+		ch <- prometheus.MustNewConstMetric(roomStandbyDesc, prometheus.GaugeValue, float64(r.standby), r.key)
+	}
+}
+
+// read reads the rooms, within the collector's timeout.
+func (c *RoomCollector) read() ([]roomRow, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	defer cancel()
+	return c.readRooms(ctx)
+}
+
+// readRooms reads the room of every listed key, a few at a time, and sums
+// them by row. A key that fails leaves its row out (the others stay) and
+// is reported in the error.
+func (c *RoomCollector) readRooms(ctx context.Context) ([]roomRow, error) {
+	infos, err := c.keys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	seatKeys, templates := splitKeys(infos)
+	type reading struct {
+		st  semaphore.RoomStats
+		err error
+	}
+	got, _ := inParallel(len(seatKeys), func(i int) (reading, error) {
+		st, err := c.sem.RoomStats(ctx, seatKeys[i].Key)
+		return reading{st, err}, nil
+	})
+	totals := map[string]*roomTotals{}
+	for _, t := range templates {
+		totals[t.Key] = &roomTotals{}
+	}
+	failed := map[string]bool{}
+	var errs []error
+	for i, k := range seatKeys {
+		row := k.rowKey()
+		if got[i].err != nil {
+			failed[row] = true
+			errs = append(errs, got[i].err)
+			continue
+		}
+		if totals[row] == nil {
+			totals[row] = &roomTotals{}
+		}
+		totals[row].add(got[i].st)
+	}
+	rows := make([]roomRow, 0, len(totals))
+	for key, t := range totals {
+		if !failed[key] {
+			rows = append(rows, roomRow{key: key, roomTotals: *t})
+		}
+	}
+	slices.SortFunc(rows, func(a, b roomRow) int { return cmp.Compare(a.key, b.key) })
+	if len(errs) > 0 {
+		return rows, fmt.Errorf("monitoring: %d of %d waiting rooms unread, the first: %w", len(errs), len(seatKeys), errs[0])
+	}
+	return rows, nil
+}

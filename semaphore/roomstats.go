@@ -1,0 +1,66 @@
+package semaphore
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+var roomStatsScript = roomScript("roomstats.lua")
+
+// roomStatsStandbyMax bounds the standby tokens whose arrival RoomStats
+// looks up: a key's standby places are its standby budget (a few, or a
+// few hundred), and a reading must stay one short script call.
+const roomStatsStandbyMax = 1000
+
+// RoomStats is a reading of a key's waiting room (see Enter and Park), in
+// the Redis server's time.
+type RoomStats struct {
+	// Waiting is the tasks waiting for a seat of the key, fleet-wide:
+	// Parked plus the tokens that hold a standby place (or held one that
+	// lapsed and goes back among the parked, keeping its place).
+	Waiting int
+	// Parked is the tasks waiting in Redis: their tokens are in the room
+	// and the tasks sit in their queue, not in a worker slot.
+	Parked int
+	// Standby is the standby places in use: tasks waiting in a worker slot
+	// for the next seat, or let out of the room and on their way to one.
+	Standby int
+	// OldestArrival is when the task that has waited longest came (its
+	// first arrival, kept however often it went back); zero when nobody
+	// waits.
+	OldestArrival time.Time
+	// OldestWait is how long that task has waited at the reading; 0 when
+	// nobody waits.
+	OldestWait time.Duration
+	// ReadAt is the server's time of the reading.
+	ReadAt time.Time
+}
+
+// RoomStats reads how many tasks wait for key and since when, in one
+// script call that changes nothing. A key nobody waits for reads as zero.
+func (s *Service) RoomStats(ctx context.Context, key string) (RoomStats, error) {
+	if err := checkKey(key); err != nil {
+		return RoomStats{}, err
+	}
+	vals, err := roomStatsScript.Run(ctx, s.rdb, s.keysFor(key).all(), roomStatsStandbyMax).Slice()
+	if err != nil {
+		return RoomStats{}, fmt.Errorf("semaphore: room stats of %q: %w", key, err)
+	}
+	if len(vals) != 5 {
+		return RoomStats{}, fmt.Errorf("semaphore: room stats script replied %d values", len(vals))
+	}
+	var n [5]int64
+	for i := range n {
+		if n[i], err = replyInt(vals[i]); err != nil {
+			return RoomStats{}, fmt.Errorf("semaphore: room stats script reply %d: %w", i, err)
+		}
+	}
+	now, parked, standing, live, oldest := n[0], n[1], n[2], n[3], n[4]
+	st := RoomStats{Waiting: int(parked + standing), Parked: int(parked), Standby: int(live), ReadAt: time.UnixMicro(now)}
+	if oldest > 0 {
+		st.OldestArrival = time.UnixMicro(oldest)
+		st.OldestWait = max(time.Duration(now-oldest)*time.Microsecond, 0)
+	}
+	return st, nil
+}
