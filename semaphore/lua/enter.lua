@@ -87,7 +87,7 @@ if outcome == 0 then
     redis.call('ZADD', parked, 'NX', arrival, token)
   end
   if outcome == 2 or inSlot then redis.call('ZREM', KEYS[8], token) end
-  for i = 4, 7 do redis.call('PEXPIRE', KEYS[i], keyttl) end
+  for i = 4, 8 do redis.call('PEXPIRE', KEYS[i], keyttl) end
 end
 local tokens = {}
 -- A seat taken from an empty room changes nobody's turn.

@@ -22,6 +22,6 @@ redis.call('HSETNX', KEYS[6], token, arrivalOf(token, nowus))
 redis.call('ZREM', KEYS[8], token)
 redis.call('ZREM', KEYS[5], token)
 redis.call('ZADD', KEYS[4], 'NX', redis.call('HGET', KEYS[6], token), token)
-for i = 4, 7 do redis.call('PEXPIRE', KEYS[i], keyttl) end
+for i = 4, 8 do redis.call('PEXPIRE', KEYS[i], keyttl) end
 if ARGV[6] ~= '1' then return {} end
 return admit(now, math.max(tonumber(ARGV[1]) - liveHolders(now), 0))
