@@ -85,6 +85,17 @@ func (s *seam) serve(h asynq.HandlerFunc, logger asynq.Logger) {
 	s.t.Cleanup(srv.Shutdown)
 }
 
+// enqueue adds a task of type "t" with payload to queue "q", max_retry 3
+// unless opts say otherwise, and returns its ID.
+func (s *seam) enqueue(payload string, opts ...asynq.Option) string {
+	s.t.Helper()
+	info, err := s.client.Enqueue(asynq.NewTask("t", []byte(payload)), append([]asynq.Option{asynq.Queue("q"), asynq.MaxRetry(3)}, opts...)...)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return info.ID
+}
+
 func (s *seam) state(id string) string {
 	s.t.Helper()
 	state, _, err := asynqx.Task(context.Background(), s.rdb, "q", id)
@@ -163,13 +174,7 @@ func TestWake(t *testing.T) {
 		}
 		return nil
 	}, nil)
-	enqueue := func(payload string, opts ...asynq.Option) string {
-		info, err := s.client.Enqueue(asynq.NewTask("t", []byte(payload)), append([]asynq.Option{asynq.Queue("q"), asynq.MaxRetry(3)}, opts...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return info.ID
-	}
+	enqueue := s.enqueue
 	wake := func(id string) asynqx.WakeResult {
 		t.Helper()
 		res, err := asynqx.Wake(ctx, s.rdb, "q", id, mark, copyHeader)
@@ -505,13 +510,7 @@ func TestMissing(t *testing.T) {
 		}
 		return nil
 	}, nil)
-	enqueue := func(payload string, opts ...asynq.Option) string {
-		info, err := s.client.Enqueue(asynq.NewTask("t", []byte(payload)), append([]asynq.Option{asynq.Queue("q"), asynq.MaxRetry(3)}, opts...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return info.ID
-	}
+	enqueue := s.enqueue
 	retrying := enqueue("retry")
 	s.waitState(retrying, "retry")
 	completed := enqueue("ok", asynq.Retention(time.Hour))
