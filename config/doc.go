@@ -10,6 +10,7 @@
 // It is the part of fleetcap that a service that only enqueues needs
 // (package producer): it links asynq, go-redis, the YAML parser and package
 // ratelimit (for a limit's type), and nothing of the worker's world (no
-// semaphore, metrics, asynqmon or embedded Redis). Package worker runs what it describes; worker.Config,
-// worker.LoadConfig and worker.ParseConfig are the same names there.
+// semaphore, metrics, asynqmon or embedded Redis). Package worker runs what
+// it describes; worker.Config, worker.LoadConfig and worker.ParseConfig are
+// the same names there.
 package config
