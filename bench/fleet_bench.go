@@ -16,10 +16,10 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetcap/fleetcap/config"
 	"github.com/fleetcap/fleetcap/internal/fleettest"
 	"github.com/fleetcap/fleetcap/internal/probeworker/probe"
 	"github.com/fleetcap/fleetcap/producer"
-	"github.com/fleetcap/fleetcap/worker"
 )
 
 // fleetRun is one run of probe workers on the bench Redis.
@@ -105,14 +105,14 @@ func prepareFleetTypes(env *benchEnv, name string, concurrency int, capYAML map[
 	return r, nil
 }
 
-// writeFleetConfig writes config into dir and opens a producer on it that
-// validates the probe types of capYAML.
-func writeFleetConfig(dir, config string, capYAML map[string]string) (*producer.Producer, string, error) {
-	path, err := fleettest.WriteConfig(dir, config)
+// writeFleetConfig writes configYAML into dir and opens a producer on it
+// that validates the probe types of capYAML.
+func writeFleetConfig(dir, configYAML string, capYAML map[string]string) (*producer.Producer, string, error) {
+	path, err := fleettest.WriteConfig(dir, configYAML)
 	if err != nil {
 		return nil, "", err
 	}
-	cfg, err := worker.LoadConfig(path)
+	cfg, err := config.LoadConfig(path)
 	if err != nil {
 		return nil, "", err
 	}

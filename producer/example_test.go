@@ -7,16 +7,16 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/fleetcap/fleetcap/config"
 	"github.com/fleetcap/fleetcap/producer"
 	"github.com/fleetcap/fleetcap/tasks"
-	"github.com/fleetcap/fleetcap/worker"
 )
 
 // exampleConfig is the fleet's config.yaml for the examples: the private
 // Redis of the tests, and report:fetch as the shipped config.yaml declares
 // it.
-func exampleConfig() *worker.Config {
-	cfg, err := worker.ParseConfig(fmt.Appendf(nil, `
+func exampleConfig() *config.Config {
+	cfg, err := config.ParseConfig(fmt.Appendf(nil, `
 redis: {url: "redis://%s"}
 worker:
   queues: {default: 1, critical: 5}
@@ -38,7 +38,7 @@ tasks:
 // config gives report:fetch, and carries the trace context of its producer
 // span to the worker.
 func ExampleProducer_Enqueue() {
-	cfg := exampleConfig() // or worker.LoadConfig("config.yaml")
+	cfg := exampleConfig() // or config.LoadConfig("config.yaml")
 	ctx := context.Background()
 
 	p, err := producer.New(cfg, producer.WithValidator(tasks.TypeReportFetch, func(payload []byte) error {

@@ -26,6 +26,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/fleetcap/fleetcap/config"
 	"github.com/fleetcap/fleetcap/monitoring"
 	"github.com/fleetcap/fleetcap/worker"
 )
@@ -79,17 +80,17 @@ func WithValidator(taskType string, validate func(payload []byte) error) Option 
 // Producer enqueues tasks for a fleetcap fleet. It is safe for concurrent
 // use. Create it with New or Open; Close it when done.
 type Producer struct {
-	cfg        *worker.Config
+	cfg        *config.Config
 	client     *asynq.Client
 	gate       *worker.Gate
 	tp         trace.TracerProvider
 	validators map[string]func(payload []byte) error
 }
 
-// Open loads the fleet's config file (as worker.LoadConfig does, with its
+// Open loads the fleet's config file (as config.LoadConfig does, with its
 // environment overrides) and returns a Producer for it.
 func Open(configPath string, opts ...Option) (*Producer, error) {
-	cfg, err := worker.LoadConfig(configPath)
+	cfg, err := config.LoadConfig(configPath)
 	if err != nil {
 		return nil, err
 	}
@@ -98,9 +99,9 @@ func Open(configPath string, opts ...Option) (*Producer, error) {
 
 // New returns a Producer for the fleet that cfg describes: its Redis, its
 // queues and its task types. A Config built in code gets its defaults and
-// is checked here (see worker.Config.Validate). New does no I/O; Ping
+// is checked here (see config.Config.Validate). New does no I/O; Ping
 // checks that Redis answers.
-func New(cfg *worker.Config, opts ...Option) (*Producer, error) {
+func New(cfg *config.Config, opts ...Option) (*Producer, error) {
 	if cfg == nil {
 		return nil, errors.New("producer: New: nil config")
 	}
@@ -131,7 +132,7 @@ func New(cfg *worker.Config, opts ...Option) (*Producer, error) {
 
 // validatorsOf checks the WithValidator options against the config and
 // maps each task type to its validator.
-func validatorsOf(cfg *worker.Config, given []validator) (map[string]func([]byte) error, error) {
+func validatorsOf(cfg *config.Config, given []validator) (map[string]func([]byte) error, error) {
 	out := make(map[string]func([]byte) error, len(given))
 	for _, v := range given {
 		switch _, declared := cfg.Tasks[v.taskType]; {
@@ -149,7 +150,7 @@ func validatorsOf(cfg *worker.Config, given []validator) (map[string]func([]byte
 }
 
 // declaredTypes lists the config's task types for a message.
-func declaredTypes(cfg *worker.Config) string {
+func declaredTypes(cfg *config.Config) string {
 	if len(cfg.Tasks) == 0 {
 		return "none"
 	}
@@ -312,8 +313,8 @@ type plan struct {
 	taskType string
 	queue    string
 	validate func(payload []byte) error // nil: none
-	caps     []worker.CapConfig
-	rates    []worker.RateLimitConfig
+	caps     []config.CapConfig
+	rates    []config.RateLimitConfig
 	opts     []asynq.Option
 }
 

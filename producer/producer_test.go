@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/fleetcap/fleetcap/config"
 	"github.com/fleetcap/fleetcap/internal/layout"
 	"github.com/fleetcap/fleetcap/internal/redistest"
 	"github.com/fleetcap/fleetcap/producer"
@@ -59,7 +60,7 @@ func demoValidators() []producer.Option {
 func newEnv(t *testing.T, opts ...producer.Option) *env {
 	t.Helper()
 	srv := redistest.Start(t)
-	cfg, err := worker.ParseConfig(fmt.Appendf(nil, testConfig, srv.URL()))
+	cfg, err := config.ParseConfig(fmt.Appendf(nil, testConfig, srv.URL()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +129,7 @@ func TestEnqueueAppliesConfigAndOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := e.task(t, "default", info.ID); got.MaxRetry != worker.DefaultMaxRetry || got.Timeout != worker.DefaultTaskTimeout {
+	if got := e.task(t, "default", info.ID); got.MaxRetry != config.DefaultMaxRetry || got.Timeout != config.DefaultTaskTimeout {
 		t.Errorf("task of a type with no settings = %+v", got)
 	}
 }
@@ -250,7 +251,7 @@ func TestUnrenderableRateKeyIsRefused(t *testing.T) {
 // does not declare is unknown, even one of package tasks.
 func TestEveryDeclaredTypeEnqueues(t *testing.T) {
 	srv := redistest.Start(t)
-	cfg, err := worker.ParseConfig(fmt.Appendf(nil, `
+	cfg, err := config.ParseConfig(fmt.Appendf(nil, `
 redis: {url: %q}
 worker:
   queues: {default: 1, critical: 3}
@@ -394,7 +395,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 	if _, err := producer.New(nil); err == nil {
 		t.Error("New(nil): no error")
 	}
-	cfg := &worker.Config{Tasks: map[string]worker.TaskConfig{"report:fetch": {Semaphore: &worker.CapConfig{Key: "legacy-api"}}}}
+	cfg := &config.Config{Tasks: map[string]config.TaskConfig{"report:fetch": {Semaphore: &config.CapConfig{Key: "legacy-api"}}}}
 	if _, err := producer.New(cfg); err == nil || !strings.Contains(err.Error(), `tasks["report:fetch"].semaphore.capacity`) {
 		t.Errorf("capacity 0: err = %v", err)
 	}
@@ -431,7 +432,7 @@ func TestGateOpensOnceRedisIsBack(t *testing.T) {
 // defect 9.)
 func TestFailedEnqueueGivesItsPlacesBack(t *testing.T) {
 	srv := redistest.Start(t)
-	cfg, err := worker.ParseConfig([]byte(fmt.Sprintf(`redis: {url: %q}
+	cfg, err := config.ParseConfig([]byte(fmt.Sprintf(`redis: {url: %q}
 tasks:
   job:
     semaphore: {key: scarce, capacity: 2}

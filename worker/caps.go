@@ -10,6 +10,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/fleetcap/fleetcap/config"
 	"github.com/fleetcap/fleetcap/control"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
@@ -17,7 +18,7 @@ import (
 // capSpec is one declared cap, parsed.
 type capSpec struct {
 	CapConfig
-	tmpl *KeyTemplate
+	tmpl *config.KeyTemplate
 }
 
 // standby is the cap's fleet-wide standby budget: how many of its tasks
@@ -120,7 +121,7 @@ func (t *capTable) templateOf(key string) string {
 				}
 				continue
 			}
-			if s.tmpl.matches(key) {
+			if s.tmpl.Matches(key) {
 				tmpls = append(tmpls, s.Key)
 			}
 		}

@@ -4,30 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"path/filepath"
 
 	"github.com/alicebob/miniredis/v2"
 
 	"github.com/fleetcap/fleetcap/internal/snapshot"
 )
-
-// DefaultEmbeddedFile is redis.embedded_file's default, relative to the
-// config file's directory.
-const DefaultEmbeddedFile = ".fleetcap/embedded.json"
-
-// resolveEmbeddedFile defaults embedded_file (for the embedded Redis) and
-// makes a relative one relative to configDir.
-func (r *RedisConfig) resolveEmbeddedFile(configDir string) {
-	if !r.Embedded() {
-		return
-	}
-	if r.EmbeddedFile == "" {
-		r.EmbeddedFile = DefaultEmbeddedFile
-	}
-	if !filepath.IsAbs(r.EmbeddedFile) {
-		r.EmbeddedFile = filepath.Join(configDir, r.EmbeddedFile)
-	}
-}
 
 // EmbeddedFileError is a redis.embedded_file that the worker cannot load
 // (unreadable, corrupt, of another version): it refuses to start rather
@@ -49,6 +30,18 @@ func newEmbedded() *miniredis.Miniredis {
 	m := miniredis.NewMiniRedis()
 	m.ClockTTL(true)
 	return m
+}
+
+// StartEmbedded starts an in-process Redis (miniredis) listening on addr,
+// for trying fleetcap out without a Redis server. Its keys expire on the
+// wall clock. It keeps nothing when closed (the worker's embedded Redis
+// saves to redis.embedded_file). The caller closes it.
+func StartEmbedded(addr string) (*miniredis.Miniredis, error) {
+	m := newEmbedded()
+	if err := m.StartAddr(addr); err != nil {
+		return nil, fmt.Errorf("embedded redis on %s: %w", addr, err)
+	}
+	return m, nil
 }
 
 // startEmbedded starts the embedded Redis on redis.embedded_addr with the

@@ -1,39 +1,53 @@
 package worker
 
 import (
-	"os"
-	"path/filepath"
+	"context"
+	"fmt"
+	"net"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/fleetcap/fleetcap/config"
+	"github.com/fleetcap/fleetcap/internal/redistest"
 )
 
-// TestEmbeddedFilePath: LoadConfig puts redis.embedded_file beside the
-// config file by default and makes a relative one relative to the config's
-// directory; an absolute one stays; a config for a Redis server has none;
-// ParseConfig (no file) keeps nothing unless told.
-func TestEmbeddedFilePath(t *testing.T) {
-	t.Setenv(EnvRedisURL, "")
-	dir := t.TempDir()
-	abs := filepath.Join(t.TempDir(), "data.json")
-	for _, c := range []struct{ yaml, want string }{
-		{"", filepath.Join(dir, ".fleetcap", "embedded.json")},
-		{"redis: {embedded_file: state/e.json}\n", filepath.Join(dir, "state", "e.json")},
-		{"redis: {embedded_file: " + abs + "}\n", abs},
-		{"redis: {url: \"redis://h:6379\"}\n", ""},
-	} {
-		path := filepath.Join(dir, "config.yaml")
-		if err := os.WriteFile(path, []byte(c.yaml), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		cfg, err := LoadConfig(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if cfg.Redis.EmbeddedFile != c.want {
-			t.Errorf("%q: embedded_file = %q, want %q", c.yaml, cfg.Redis.EmbeddedFile, c.want)
-		}
+func TestStartEmbedded(t *testing.T) {
+	addr := net.JoinHostPort("127.0.0.1", fmt.Sprint(redistest.FreePort(t)))
+	m, err := StartEmbedded(addr)
+	if err != nil {
+		t.Fatal(err)
 	}
-	cfg, err := ParseConfig(nil)
-	if err != nil || cfg.Redis.EmbeddedFile != "" {
-		t.Errorf("ParseConfig: embedded_file = %q, %v; want none", cfg.Redis.EmbeddedFile, err)
+	defer m.Close()
+	if m.Addr() != addr {
+		t.Errorf("Addr() = %q, want %q", m.Addr(), addr)
+	}
+
+	cfg := config.RedisConfig{EmbeddedAddr: addr}
+	rdb, err := cfg.NewClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		t.Fatalf("ping the embedded redis: %v", err)
+	}
+
+	opt, err := cfg.AsynqConnOpt()
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := asynq.NewClient(opt)
+	defer client.Close()
+	if _, err := client.EnqueueContext(ctx, asynq.NewTask("test:embedded", []byte(`{}`))); err != nil {
+		t.Fatalf("asynq enqueue on the embedded redis: %v", err)
+	}
+
+	if _, err := StartEmbedded(addr); err == nil || !strings.Contains(err.Error(), addr) {
+		t.Errorf("second StartEmbedded on %s: err = %v, want address in use", addr, err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/fleetcap/fleetcap/config"
 	"github.com/fleetcap/fleetcap/ratelimit"
 )
 
@@ -48,12 +49,12 @@ var (
 
 type indexedCap struct {
 	cfg CapConfig
-	kt  *KeyTemplate
+	kt  *config.KeyTemplate
 }
 
 type indexedRate struct {
 	cfg     RateLimitConfig
-	kt      *KeyTemplate
+	kt      *config.KeyTemplate
 	maxCost int
 }
 
@@ -100,7 +101,7 @@ func NewKeyIndex(cfg *Config) (*KeyIndex, error) {
 }
 
 // compareDecl orders plain keys before templates, each by key.
-func compareDecl(a, b *KeyTemplate) int {
+func compareDecl(a, b *config.KeyTemplate) int {
 	if at, bt := a.IsTemplate(), b.IsTemplate(); at != bt {
 		if at {
 			return 1
@@ -124,7 +125,7 @@ func (x *KeyIndex) LookupCap(key string) (DeclaredKey, bool) {
 		}
 	}
 	for _, c := range x.caps {
-		if c.kt.IsTemplate() && c.kt.matches(key) {
+		if c.kt.IsTemplate() && c.kt.Matches(key) {
 			return DeclaredKey{Key: key, Capacity: c.cfg.CapacityFor(key), Template: c.cfg.Key}, true
 		}
 	}
@@ -155,7 +156,7 @@ func (x *KeyIndex) LookupRate(key string) (DeclaredRateKey, bool) {
 		}
 	}
 	for _, r := range x.rates {
-		if r.kt.IsTemplate() && r.kt.matches(key) {
+		if r.kt.IsTemplate() && r.kt.Matches(key) {
 			return r.declared(key), true
 		}
 	}

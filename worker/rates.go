@@ -11,6 +11,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/fleetcap/fleetcap/config"
 	"github.com/fleetcap/fleetcap/ratelimit"
 )
 
@@ -26,7 +27,7 @@ import (
 // rateSpec is one declared rate limit, parsed.
 type rateSpec struct {
 	RateLimitConfig
-	tmpl *KeyTemplate
+	tmpl *config.KeyTemplate
 }
 
 // rateTable holds the rate limits of every task type.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/fleetcap/fleetcap/config"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
@@ -97,7 +98,7 @@ func (w *Worker) takeSeatsAndTokens(ctx context.Context, seats []seat, rates []r
 		if err != nil {
 			return nil, &requeueRequest{key: rates[0].key, why: RequeueStoreError, err: err}
 		}
-		if limited.spec.Mode == ModeWait {
+		if limited.spec.Mode == config.ModeWait {
 			if waitUntil.IsZero() {
 				waitUntil = time.Now().Add(limited.spec.WaitTimeout)
 			}
@@ -344,7 +345,7 @@ func (w *Worker) runHolding(ctx context.Context, taskType string, t *asynq.Task,
 				obs.LeaseLost(hs.key, taskType)
 			}
 			taskID, _ := asynq.GetTaskID(ctx)
-			if hs.spec.OnLeaseLost == LeaseLostContinue {
+			if hs.spec.OnLeaseLost == config.LeaseLostContinue {
 				w.log.Warn("worker: lease lost; the task goes on (on_lease_lost: continue)", "key", hs.key, "type", taskType, "id", taskID)
 				return
 			}

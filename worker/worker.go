@@ -109,8 +109,7 @@ func New(cfg *Config, opts ...Option) (*Worker, error) {
 	if cfg == nil {
 		return nil, errors.New("worker: New: nil config")
 	}
-	cfg.withDefaults(nil)
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	w := &Worker{cfg: cfg, mux: asynq.NewServeMux(), recent: newRecentKeys(), recentRates: newRecentKeys()}
@@ -238,10 +237,10 @@ func (w *Worker) SetCaps(taskType string, caps ...CapConfig) error {
 	t := old
 	t.Semaphore, t.Semaphores = nil, caps
 	w.cfg.Tasks[taskType] = t
-	w.cfg.withDefaults(nil)
+	w.cfg.ApplyDefaults()
 	table, err := newCapTable(w.cfg)
 	if err == nil {
-		err = w.cfg.validate()
+		err = w.cfg.Validate()
 	}
 	if err != nil {
 		if had {

@@ -11,10 +11,10 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
+	"github.com/fleetcap/fleetcap/config"
 	"github.com/fleetcap/fleetcap/monitoring"
 	"github.com/fleetcap/fleetcap/producer"
 	"github.com/fleetcap/fleetcap/tasks"
-	"github.com/fleetcap/fleetcap/worker"
 )
 
 // enqueueCmd validates everything, then enqueues through package producer.
@@ -23,7 +23,7 @@ func enqueueCmd(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	if err != nil {
 		return err
 	}
-	cfg, err := worker.LoadConfig(o.configPath)
+	cfg, err := config.LoadConfig(o.configPath)
 	if err != nil {
 		return &usageError{err: err}
 	}
@@ -78,7 +78,7 @@ func enqueueCmd(ctx context.Context, args []string, stdin io.Reader, stdout, std
 // demoValidators check the payloads of the demo task types of package
 // tasks (the workers of cmd/worker run their handlers) that cfg declares;
 // a type cfg does not declare cannot be enqueued, so it gets none.
-func demoValidators(cfg *worker.Config) []producer.Option {
+func demoValidators(cfg *config.Config) []producer.Option {
 	var opts []producer.Option
 	for _, d := range tasks.All() {
 		if _, declared := cfg.Tasks[d.Type]; declared {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetcap/fleetcap/config"
 	"github.com/fleetcap/fleetcap/internal/redistest"
 	"github.com/fleetcap/fleetcap/worker"
 	"github.com/hibiken/asynq"
@@ -37,7 +38,7 @@ tasks:
 
 func newFleet(t *testing.T) *fleet {
 	t.Helper()
-	t.Setenv(worker.EnvRedisURL, "")
+	t.Setenv(config.EnvRedisURL, "")
 	srv := redistest.Start(t)
 	f := &fleet{srv: srv, config: writeConfig(t, fmt.Sprintf(testConfig, srv.URL()))}
 	f.insp = asynq.NewInspector(asynq.RedisClientOpt{Addr: srv.Addr()})
@@ -145,7 +146,7 @@ func TestManyBadStdinLinesAreSummarised(t *testing.T) {
 }
 
 func TestConfigErrorsExit2(t *testing.T) {
-	t.Setenv(worker.EnvRedisURL, "")
+	t.Setenv(config.EnvRedisURL, "")
 	bad := writeConfig(t, "tasks:\n  report:fetch:\n    semaphore: {key: legacy-api, capacity: 0}\n")
 	code, _, stderr := runCmd(t, "", "--config", bad, "report:fetch", acme)
 	if code != exitUsage || !strings.Contains(stderr, `tasks["report:fetch"].semaphore.capacity: must be >= 1, got 0`) {
@@ -159,7 +160,7 @@ func TestConfigErrorsExit2(t *testing.T) {
 
 func TestUnrenderableKeyTemplateExits2(t *testing.T) {
 	srv := redistest.Start(t)
-	t.Setenv(worker.EnvRedisURL, "")
+	t.Setenv(config.EnvRedisURL, "")
 	cfg := writeConfig(t, fmt.Sprintf(`
 redis: {url: %q}
 tasks:
@@ -263,7 +264,7 @@ func TestEnqueueFlagsOverrideConfig(t *testing.T) {
 // payload checked, a type of the user's own it declares is enqueued
 // without a check (enqueue knows no validator for it).
 func TestDeclaredTypesAreChecked(t *testing.T) {
-	t.Setenv(worker.EnvRedisURL, "")
+	t.Setenv(config.EnvRedisURL, "")
 	srv := redistest.Start(t)
 	cfg := writeConfig(t, fmt.Sprintf(`
 redis: {url: %q}
@@ -291,7 +292,7 @@ tasks:
 }
 
 func TestRedisUnreachableExits1(t *testing.T) {
-	t.Setenv(worker.EnvRedisURL, "")
+	t.Setenv(config.EnvRedisURL, "")
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(redistest.FreePort(t)))
 	cfg := writeConfig(t, fmt.Sprintf("redis: {url: %q}\ntasks: {report:fetch: {}}\n", "redis://"+addr))
 	code, ids, stderr := runCmd(t, "", "--config", cfg, "report:fetch", acme)
@@ -307,7 +308,7 @@ func TestRedisUnreachableExits1(t *testing.T) {
 }
 
 func TestEnqueueToEmbeddedRedis(t *testing.T) {
-	t.Setenv(worker.EnvRedisURL, "")
+	t.Setenv(config.EnvRedisURL, "")
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(redistest.FreePort(t)))
 	m, err := worker.StartEmbedded(addr)
 	if err != nil {

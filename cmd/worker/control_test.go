@@ -10,12 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetcap/fleetcap/config"
 	"github.com/fleetcap/fleetcap/control"
 	"github.com/fleetcap/fleetcap/internal/redistest"
 	"github.com/fleetcap/fleetcap/internal/waitfor"
 	"github.com/fleetcap/fleetcap/producer"
 	"github.com/fleetcap/fleetcap/tasks"
-	"github.com/fleetcap/fleetcap/worker"
 )
 
 // TestOverridesThroughTheWorkersAPI: the worker serves the override API
@@ -92,7 +92,7 @@ tasks:
 
 	// A task that takes tokens of a rendered key puts that key on the page,
 	// under its template (the busiest ones are listed while in use).
-	cfg, err := worker.LoadConfig(path)
+	cfg, err := config.LoadConfig(path)
 	if err != nil {
 		t.Fatal(err)
 	}

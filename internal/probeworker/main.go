@@ -59,6 +59,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetcap/fleetcap/config"
 	"github.com/fleetcap/fleetcap/internal/probeworker/probe"
 	"github.com/fleetcap/fleetcap/semaphore"
 	"github.com/fleetcap/fleetcap/tasks"
@@ -92,7 +93,7 @@ func run(ctx context.Context) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	cfg, err := worker.LoadConfig(*configPath)
+	cfg, err := config.LoadConfig(*configPath)
 	if err != nil {
 		return err
 	}

@@ -1,9 +1,16 @@
-package worker
+package config
 
 import (
 	"maps"
 	"time"
 )
+
+// ApplyDefaults fills the unset fields of a Config built in code with their
+// defaults, as Validate does, without checking it: there a field that is 0
+// (or nil) is unset (see Config).
+func (c *Config) ApplyDefaults() {
+	c.withDefaults(nil)
+}
 
 // withDefaults fills every unset field with its documented default. A
 // field is unset when it holds its zero value and written, the fields a

@@ -1,9 +1,8 @@
-package worker
+package config
 
 import (
 	"context"
 	"fmt"
-	"net"
 	"reflect"
 	"strings"
 	"testing"
@@ -362,36 +361,6 @@ func TestRealRedisMutualTLS(t *testing.T) {
 	defer cancel()
 	if err := noCert.Ping(pctx).Err(); err == nil {
 		t.Error("ping without a client certificate succeeded")
-	}
-}
-
-func TestStartEmbedded(t *testing.T) {
-	addr := net.JoinHostPort("127.0.0.1", fmt.Sprint(redistest.FreePort(t)))
-	m, err := StartEmbedded(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	if m.Addr() != addr {
-		t.Errorf("Addr() = %q, want %q", m.Addr(), addr)
-	}
-
-	cfg := RedisConfig{EmbeddedAddr: addr}
-	rdb, err := cfg.NewClient()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rdb.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := rdb.Ping(ctx).Err(); err != nil {
-		t.Fatalf("ping the embedded redis: %v", err)
-	}
-
-	enqueueThrough(t, cfg, "test:embedded", "on the embedded redis")
-
-	if _, err := StartEmbedded(addr); err == nil || !strings.Contains(err.Error(), addr) {
-		t.Errorf("second StartEmbedded on %s: err = %v, want address in use", addr, err)
 	}
 }
 

@@ -1,4 +1,4 @@
-package worker
+package config
 
 import (
 	"errors"
@@ -207,7 +207,7 @@ func (cp CapConfig) validate(v *validator, field string) {
 		if n := cp.CapacityOverrides[k]; n < 1 {
 			v.add(f, "must be >= 1, got %d", n)
 		}
-		if kt != nil && kt.IsTemplate() && !kt.matches(k) {
+		if kt != nil && kt.IsTemplate() && !kt.Matches(k) {
 			v.add(f, "%q is not a key that template %q renders", k, cp.Key)
 		}
 	}
@@ -279,7 +279,7 @@ func checkRenderClashes(v *validator, decls []declaredKey) {
 				if at {
 					plain, tmpl = b, a
 				}
-				if tmpl.kt.matches(plain.cp.Key) && tmpl.cp.CapacityFor(plain.cp.Key) != plain.cp.Capacity {
+				if tmpl.kt.Matches(plain.cp.Key) && tmpl.cp.CapacityFor(plain.cp.Key) != plain.cp.Capacity {
 					v.add(b.field+".capacity", "key %q has capacity %d in %s, but template %q of %s renders it with capacity %d",
 						plain.cp.Key, plain.cp.Capacity, plain.field, tmpl.cp.Key, tmpl.field, tmpl.cp.CapacityFor(plain.cp.Key))
 				}

@@ -1,4 +1,4 @@
-package worker
+package config
 
 import (
 	"os"
@@ -98,7 +98,7 @@ func FuzzKeyTemplateRender(f *testing.F) {
 		if len(got) > MaxRenderedKeyLen {
 			t.Fatalf("rendered key is %d bytes", len(got))
 		}
-		if !kt.matches(got) {
+		if !kt.Matches(got) {
 			t.Fatalf("template %q does not match its own rendering %q", key, got)
 		}
 	})

@@ -1,4 +1,4 @@
-package worker
+package config
 
 import (
 	"fmt"
@@ -135,7 +135,7 @@ func (c RateLimitConfig) validate(v *validator, field string) {
 		} else if err := c.LimitFor(k).Validate(); err != nil && c.Per > 0 && c.Burst >= 1 {
 			v.add(f, "%v", err)
 		}
-		if kt != nil && kt.IsTemplate() && !kt.matches(k) {
+		if kt != nil && kt.IsTemplate() && !kt.Matches(k) {
 			v.add(f, "%q is not a key that template %q renders", k, c.Key)
 		}
 	}
@@ -197,7 +197,7 @@ func checkRateClashes(v *validator, decls []declaredRate) {
 				if at {
 					plain, tmpl = b, a
 				}
-				if tmpl.kt.matches(plain.rl.Key) && tmpl.rl.LimitFor(plain.rl.Key) != plain.rl.Limit() {
+				if tmpl.kt.Matches(plain.rl.Key) && tmpl.rl.LimitFor(plain.rl.Key) != plain.rl.Limit() {
 					v.add(b.field+".rate", "key %q is limited to %s in %s, but template %q of %s renders it with %s",
 						plain.rl.Key, plain.rl.Limit(), plain.field, tmpl.rl.Key, tmpl.field, tmpl.rl.LimitFor(plain.rl.Key))
 				}

@@ -1,4 +1,4 @@
-package worker
+package config
 
 import (
 	"bytes"
@@ -245,8 +245,8 @@ func (k *KeyTemplate) shape() string {
 	return b.String()
 }
 
-// matches reports whether rendered is a key this template can render.
-func (k *KeyTemplate) matches(rendered string) bool {
+// Matches reports whether rendered is a key this template can render.
+func (k *KeyTemplate) Matches(rendered string) bool {
 	k.reOnce.Do(func() {
 		var expr strings.Builder
 		expr.WriteString(`^(?s)`)

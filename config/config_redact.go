@@ -1,4 +1,4 @@
-package worker
+package config
 
 import (
 	"errors"
@@ -18,7 +18,7 @@ func (r RedisConfig) String() string {
 
 // GoString is String for %#v.
 func (r RedisConfig) GoString() string {
-	return fmt.Sprintf("worker.RedisConfig{URL:%q, ClusterAddrs:%#v, EmbeddedAddr:%q, TLS:%#v}", redactURL(r.URL), redactSeeds(r.ClusterAddrs), r.EmbeddedAddr, r.TLS)
+	return fmt.Sprintf("config.RedisConfig{URL:%q, ClusterAddrs:%#v, EmbeddedAddr:%q, TLS:%#v}", redactURL(r.URL), redactSeeds(r.ClusterAddrs), r.EmbeddedAddr, r.TLS)
 }
 
 // redactSeeds masks the passwords of cluster_addrs entries that are URLs,
@@ -48,7 +48,7 @@ func (m MonitoringConfig) String() string {
 
 // GoString is String for %#v.
 func (m MonitoringConfig) GoString() string {
-	return fmt.Sprintf("worker.MonitoringConfig{Addr:%q, AdminToken:%q, AsynqmonReadOnly:%t}", m.Addr, redactSecret(m.AdminToken), m.ReadOnly())
+	return fmt.Sprintf("config.MonitoringConfig{Addr:%q, AdminToken:%q, AsynqmonReadOnly:%t}", m.Addr, redactSecret(m.AdminToken), m.ReadOnly())
 }
 
 // redactURL masks the password of a Redis URL (or a user name without a

@@ -1,4 +1,4 @@
-package worker
+package config
 
 import (
 	"reflect"
@@ -124,8 +124,8 @@ func TestKeyTemplateMatches(t *testing.T) {
 	for s, want := range map[string]bool{
 		"t:1.x:2": true, "t:a.b.x:c:d": true, "t:.x:2": false, "t:1.x:": false, "u:1.x:2": false, "t:1x:2": false,
 	} {
-		if got := kt.matches(s); got != want {
-			t.Errorf("matches(%q) = %t, want %t", s, got, want)
+		if got := kt.Matches(s); got != want {
+			t.Errorf("Matches(%q) = %t, want %t", s, got, want)
 		}
 	}
 }

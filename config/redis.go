@@ -1,4 +1,4 @@
-package worker
+package config
 
 import (
 	"crypto/tls"
@@ -8,10 +8,10 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 )
@@ -20,6 +20,24 @@ import (
 // url nor cluster_addrs is set.
 func (r RedisConfig) Embedded() bool {
 	return r.URL == "" && len(r.ClusterAddrs) == 0
+}
+
+// DefaultEmbeddedFile is redis.embedded_file's default, relative to the
+// config file's directory.
+const DefaultEmbeddedFile = ".fleetcap/embedded.json"
+
+// resolveEmbeddedFile defaults embedded_file (for the embedded Redis) and
+// makes a relative one relative to configDir.
+func (r *RedisConfig) resolveEmbeddedFile(configDir string) {
+	if !r.Embedded() {
+		return
+	}
+	if r.EmbeddedFile == "" {
+		r.EmbeddedFile = DefaultEmbeddedFile
+	}
+	if !filepath.IsAbs(r.EmbeddedFile) {
+		r.EmbeddedFile = filepath.Join(configDir, r.EmbeddedFile)
+	}
 }
 
 // AsynqConnOpt returns asynq's connection option for the configured Redis.
@@ -95,18 +113,6 @@ func (t redisTarget) newClient() redis.UniversalClient {
 			TLSConfig:             t.tlsConfig(),
 		})
 	}
-}
-
-// StartEmbedded starts an in-process Redis (miniredis) listening on addr,
-// for trying fleetcap out without a Redis server. Its keys expire on the
-// wall clock. It keeps nothing when closed (the worker's embedded Redis
-// saves to redis.embedded_file). The caller closes it.
-func StartEmbedded(addr string) (*miniredis.Miniredis, error) {
-	m := newEmbedded()
-	if err := m.StartAddr(addr); err != nil {
-		return nil, fmt.Errorf("embedded redis on %s: %w", addr, err)
-	}
-	return m, nil
 }
 
 type targetKind int

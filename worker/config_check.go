@@ -1,9 +1,0 @@
-package worker
-
-// Validate fills the unset fields of a Config built in code with their
-// defaults and checks it, as LoadConfig and ParseConfig do for a file (New
-// does the same). Every problem is reported, naming its field by YAML path.
-func (c *Config) Validate() error {
-	c.withDefaults(nil)
-	return c.validate()
-}
