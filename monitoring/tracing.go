@@ -18,14 +18,13 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
-)
 
-// tracerName is the instrumentation scope of the spans made here.
-const tracerName = "github.com/fleetcap/fleetcap/monitoring"
+	"github.com/fleetcap/fleetcap/internal/taskspan"
+)
 
 // propagator writes and reads W3C traceparent/tracestate and baggage in
 // task headers, whatever global propagator the process has.
-var propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+var propagator = taskspan.Propagator
 
 // SetupTracing builds the process's TracerProvider from the standard
 // OpenTelemetry environment variables and installs it, with the W3C
@@ -87,60 +86,36 @@ func tracingConfigured() bool {
 	return false
 }
 
-// Attributes of the asynq spans, beside the messaging.* conventions.
+// The attributes and tracer the producer and consumer spans share.
 const (
-	attrTaskType   = attribute.Key("asynq.task.type")
-	attrRetryCount = attribute.Key("asynq.task.retry_count")
-	attrMaxRetry   = attribute.Key("asynq.task.max_retry")
+	attrTaskType   = taskspan.AttrTaskType
+	attrRetryCount = taskspan.AttrRetryCount
+	attrMaxRetry   = taskspan.AttrMaxRetry
 )
 
-var messagingSystem = semconv.MessagingSystemKey.String("asynq")
+var messagingSystem = taskspan.MessagingSystem
 
-func tracer(tp trace.TracerProvider) trace.Tracer {
-	if tp == nil {
-		tp = otel.GetTracerProvider()
-	}
-	return tp.Tracer(tracerName)
-}
+func tracer(tp trace.TracerProvider) trace.Tracer { return taskspan.Tracer(tp) }
 
 // InjectTask starts the producer span "asynq.enqueue <taskType>" and
 // writes its W3C trace context (traceparent, tracestate, baggage) into
 // headers, which must not be nil. Create the task with
 // asynq.NewTaskWithHeaders(taskType, payload, headers, ...), enqueue it
 // with the returned context, and finish the span with EndEnqueue. A nil tp
-// means the global provider.
+// means the global provider. (Package producer does this for you.)
 //
 //	headers := map[string]string{}
 //	ctx, span := monitoring.InjectTask(ctx, tp, "report:fetch", payload, headers)
 //	info, err := client.EnqueueContext(ctx, asynq.NewTaskWithHeaders("report:fetch", payload, headers))
 //	monitoring.EndEnqueue(span, info, err)
 func InjectTask(ctx context.Context, tp trace.TracerProvider, taskType string, payload []byte, headers map[string]string) (context.Context, trace.Span) {
-	ctx, span := tracer(tp).Start(ctx, "asynq.enqueue "+taskType,
-		trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(
-			messagingSystem,
-			semconv.MessagingOperationTypeSend,
-			semconv.MessagingOperationName("enqueue"),
-			semconv.MessagingMessageBodySize(len(payload)),
-			attrTaskType.String(taskType),
-		))
-	if headers != nil {
-		propagator.Inject(ctx, propagation.MapCarrier(headers))
-	}
-	return ctx, span
+	return taskspan.StartEnqueue(ctx, tp, taskType, payload, headers)
 }
 
 // EndEnqueue records the outcome of an enqueue on the span from InjectTask
 // (task ID and queue, or the error) and ends it.
 func EndEnqueue(span trace.Span, info *asynq.TaskInfo, err error) {
-	if info != nil {
-		span.SetAttributes(semconv.MessagingMessageID(info.ID), semconv.MessagingDestinationName(info.Queue))
-	}
-	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
-	}
-	span.End()
+	taskspan.EndEnqueue(span, info, err)
 }
 
 // TracingOption tunes TracingMiddleware.

@@ -26,9 +26,9 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/fleetcap/fleetcap/admission"
 	"github.com/fleetcap/fleetcap/config"
-	"github.com/fleetcap/fleetcap/monitoring"
-	"github.com/fleetcap/fleetcap/worker"
+	"github.com/fleetcap/fleetcap/internal/taskspan"
 )
 
 // ErrInvalid matches (errors.Is) every error about a task the fleet would
@@ -82,7 +82,7 @@ func WithValidator(taskType string, validate func(payload []byte) error) Option 
 type Producer struct {
 	cfg        *config.Config
 	client     *asynq.Client
-	gate       *worker.Gate
+	gate       *admission.Gate
 	tp         trace.TracerProvider
 	validators map[string]func(payload []byte) error
 }
@@ -123,7 +123,7 @@ func New(cfg *config.Config, opts ...Option) (*Producer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("producer: %w", err)
 	}
-	gate, err := worker.NewGate(cfg, nil)
+	gate, err := admission.NewGate(cfg, nil)
 	if err != nil {
 		return nil, fmt.Errorf("producer: %w", err)
 	}
@@ -188,7 +188,7 @@ func (p *Producer) Check(taskType string, payload []byte, opts ...asynq.Option) 
 // the task's headers. Bad input returns an error matching ErrInvalid and
 // enqueues nothing; asynq's errors (asynq.ErrDuplicateTask, ...) are
 // wrapped. The first capped task opens fleetcap's keys in Redis: on a
-// Redis of another build's layout it fails with a *worker.LayoutError
+// Redis of another build's layout it fails with a *admission.LayoutError (worker.LayoutError)
 // that says what to do, and so does every later one until that is done.
 func (p *Producer) Enqueue(ctx context.Context, taskType string, payload []byte, opts ...asynq.Option) (*asynq.TaskInfo, error) {
 	pl, err := p.plan(taskType, opts)
@@ -233,9 +233,9 @@ func (p *Producer) EnqueueAll(ctx context.Context, taskType string, payloads [][
 // send enqueues one checked payload inside a producer span.
 func (p *Producer) send(ctx context.Context, pl *plan, payload []byte) (*asynq.TaskInfo, error) {
 	headers := map[string]string{}
-	ctx, span := monitoring.InjectTask(ctx, p.tp, pl.taskType, payload, headers)
+	ctx, span := taskspan.StartEnqueue(ctx, p.tp, pl.taskType, payload, headers)
 	info, err := p.enqueue(ctx, pl, payload, headers)
-	monitoring.EndEnqueue(span, info, err)
+	taskspan.EndEnqueue(span, info, err)
 	if err != nil {
 		return nil, fmt.Errorf("producer: enqueue %s: %w", pl.taskType, err)
 	}
@@ -244,7 +244,7 @@ func (p *Producer) send(ctx context.Context, pl *plan, payload []byte) (*asynq.T
 
 // enqueue puts one checked task into Redis: in its queue, or, when a cap of
 // its type has no place for it, in that cap's waiting room, so that no
-// worker takes it while the cap is full (see worker.Gate). A task given a
+// worker takes it while the cap is full (see admission.Gate). A task given a
 // time to run (asynq.ProcessIn, ProcessAt) or a group goes as asked.
 func (p *Producer) enqueue(ctx context.Context, pl *plan, payload []byte, headers map[string]string) (*asynq.TaskInfo, error) {
 	opts := pl.opts

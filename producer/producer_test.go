@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -464,16 +463,29 @@ tasks:
 	}
 }
 
-// TestDemoTypesNotBuiltIn: package producer does not link package tasks;
-// the demo types are the enqueue command's, not the library's.
-func TestDemoTypesNotBuiltIn(t *testing.T) {
+// TestProducerLinksOnlyWhatEnqueueingNeeds: package producer links asynq,
+// go-redis, the OpenTelemetry API and the config, and nothing of the
+// worker's world (SPEC §2.8): not package worker or monitoring, asynqmon,
+// gorilla/mux, Prometheus, miniredis or the OTLP exporters, and not the
+// demo types of package tasks; at most 330 packages in all.
+func TestProducerLinksOnlyWhatEnqueueingNeeds(t *testing.T) {
 	out, err := exec.Command("go", "list", "-deps", "github.com/fleetcap/fleetcap/producer").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go list: %v\n%s", err, out)
 	}
-	if deps := strings.Fields(string(out)); slices.Contains(deps, "github.com/fleetcap/fleetcap/tasks") {
-		t.Error("package producer depends on package tasks")
+	deps := strings.Fields(string(out))
+	for _, dep := range deps {
+		for _, banned := range []string{"github.com/fleetcap/fleetcap/worker", "github.com/fleetcap/fleetcap/monitoring",
+			"github.com/fleetcap/fleetcap/tasks", "asynqmon", "gorilla/mux", "prometheus", "miniredis", "otlp"} {
+			if strings.Contains(dep, banned) {
+				t.Errorf("package producer links %s", dep)
+			}
+		}
 	}
+	if len(deps) > 330 {
+		t.Errorf("package producer links %d packages, want at most 330", len(deps))
+	}
+	t.Logf("package producer links %d packages", len(deps))
 }
 
 // TestProducerRefusesAnotherLayout: while a process of another build's

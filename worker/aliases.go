@@ -1,6 +1,9 @@
 package worker
 
-import "github.com/fleetcap/fleetcap/config"
+import (
+	"github.com/fleetcap/fleetcap/admission"
+	"github.com/fleetcap/fleetcap/config"
+)
 
 // The worker's config is package config's; these names stay here for code
 // written against package worker (SPEC §2.1).
@@ -38,3 +41,8 @@ func LoadConfig(path string) (*Config, error) { return config.LoadConfig(path) }
 // ParseConfig is config.ParseConfig: it parses a config file's contents,
 // applies the defaults and validates it, without environment overrides.
 func ParseConfig(data []byte) (*Config, error) { return config.ParseConfig(data) }
+
+// LayoutError is a refused start (admission.LayoutError): the fleet's
+// Redis holds another layout of fleetcap's keys than this build's. New
+// returns it, and so does a producer's first capped enqueue.
+type LayoutError = admission.LayoutError

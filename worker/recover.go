@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"time"
 
+	"github.com/fleetcap/fleetcap/admission"
 	"github.com/fleetcap/fleetcap/internal/asynqx"
 )
 
@@ -25,15 +26,15 @@ const (
 )
 
 // recoverLoop runs until ctx is done: every recoverInterval it brings back
-// the tasks of dead workers, and every sweepInterval it sweeps the waiting
-// rooms (see sweep); it sweeps at once when an operator's override changes
+// the tasks of dead workers, and every admission.SweepInterval it sweeps
+// the waiting rooms (Admitter.Sweep); it sweeps at once when an operator's override changes
 // a capacity, so that the whole fleet applies it within a second.
 func (w *Worker) recoverLoop(ctx context.Context) {
 	t := time.NewTicker(overridesCheck)
 	defer t.Stop()
 	last := w.overrides.Overrides()
 	nextRecover := time.Now().Add(recoverInterval)
-	nextSweep := time.Now().Add(sweepInterval)
+	nextSweep := time.Now().Add(admission.SweepInterval)
 	for {
 		select {
 		case <-ctx.Done():
@@ -50,8 +51,8 @@ func (w *Worker) recoverLoop(ctx context.Context) {
 			w.recoverOnce(ctx)
 		}
 		if !now.Before(nextSweep) {
-			nextSweep = now.Add(sweepInterval)
-			w.sweep(ctx)
+			nextSweep = now.Add(admission.SweepInterval)
+			w.adm.Sweep(ctx)
 		}
 	}
 }

@@ -1,8 +1,9 @@
 // Package worker is fleetcap's framework: asynq workers whose task types
-// carry fleet-wide concurrency caps. Each capped task takes a leased seat of
-// its semaphore (package semaphore) before its handler runs; when the
-// semaphore is full the task waits or goes back to its queue without
-// counting as a failure, and is woken when a seat frees.
+// carry fleet-wide concurrency caps and rate limits. Each limited task
+// passes its limits (package admission: a leased seat of each cap, the
+// tokens of each rate limit) before its handler runs; when one holds it
+// back the task waits or goes back to its queue without counting as a
+// failure, and is woken when its turn comes.
 package worker
 
 import (
@@ -21,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/fleetcap/fleetcap/admission"
 	"github.com/fleetcap/fleetcap/control"
 	"github.com/fleetcap/fleetcap/internal/asynqx"
 	"github.com/fleetcap/fleetcap/internal/layout"
@@ -29,20 +31,8 @@ import (
 )
 
 // Observer receives what the worker reports beside the semaphore's own
-// events; monitoring.Metrics implements it.
-type Observer interface {
-	semaphore.Observer
-	// Requeued is called when a task goes back to its queue without a seat;
-	// why is one of the RequeueReasons.
-	Requeued(key, taskType, why string)
-	// LeaseLost is called when a running task's seat is lost.
-	LeaseLost(key, taskType string)
-	// Waiting is called with +1 when a task of a cap of key takes a worker
-	// slot and asks for its seat, and with -1 when it runs or goes back: it
-	// counts the slots that hold a capped task which is not running. A task
-	// that runs is counted out before its standby place goes to the next.
-	Waiting(key string, delta int)
-}
+// events (admission.Observer); monitoring.Metrics implements it.
+type Observer = admission.Observer
 
 // Option tunes New.
 type Option func(*options)
@@ -78,19 +68,11 @@ type Worker struct {
 	insp      *asynq.Inspector
 	mux       *asynq.ServeMux
 	server    *asynqx.ServerClient // the asynq server's Redis client
-	caps      *capTable
-	rates     rateTable
+	table     *admission.Table     // the limits of the task types
+	adm       *admission.Admitter  // the path of a limited task
 	limiter   *ratelimit.Limiter
-	rateObs   ratelimit.Observer // nil: none
-	rateWakes rateWakes
-	// recentRates are the rate-limit keys rendered lately (for monitoring)
-	recentRates *recentKeys
-	runCtx      context.Context // the serving worker's: done at shutdown
-	waker       *waker
-	rooms       roomKeys
-	recent      *recentKeys
-	overrides   *control.Reader // operators' capacity and rate overrides
-	asynqLog    *asynqLogger
+	overrides *control.Reader // operators' capacity and rate overrides
+	asynqLog  *asynqLogger
 
 	embeddedStop sync.Once // stopEmbedded saves once
 	embeddedErr  error     // and what it returned
@@ -112,7 +94,7 @@ func New(cfg *Config, opts ...Option) (*Worker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	w := &Worker{cfg: cfg, mux: asynq.NewServeMux(), recent: newRecentKeys(), recentRates: newRecentKeys()}
+	w := &Worker{cfg: cfg, mux: asynq.NewServeMux()}
 	for _, o := range opts {
 		o(&w.opts)
 	}
@@ -124,12 +106,8 @@ func New(cfg *Config, opts ...Option) (*Worker, error) {
 	}
 	w.log = w.opts.logger
 	w.asynqLog = newAsynqLogger(w.log)
-	caps, err := newCapTable(cfg)
-	if err != nil {
-		return nil, err
-	}
-	w.caps = caps
-	if w.rates, err = newRateTable(cfg); err != nil {
+	var err error
+	if w.table, err = admission.NewTable(cfg); err != nil {
 		return nil, err
 	}
 
@@ -155,16 +133,16 @@ func (w *Worker) connect() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), storeCallTimeout)
 	defer cancel()
-	if w.layout, err = claimLayout(ctx, w.rdb, w.cfg, w.caps, "worker", w.log); err != nil {
+	if w.layout, err = admission.ClaimLayout(ctx, w.rdb, w.cfg, w.table, "worker", w.log); err != nil {
 		return err // before anything reads or writes fleetcap's keys
 	}
 	var obs semaphore.Observer
 	if w.opts.observer != nil {
 		obs = w.opts.observer
 	}
-	w.waker = &waker{log: w.log, rdb: w.rdb}
+	waker := admission.NewWaker(w.rdb, w.log)
 	w.sem, err = semaphore.New(w.rdb, semaphore.Options{
-		OnWake:         w.waker.onWake,
+		OnWake:         waker.OnWake,
 		Prefix:         w.cfg.Semaphore.Prefix,
 		DefaultTTL:     w.cfg.Semaphore.DefaultTTL,
 		Logger:         w.log,
@@ -174,12 +152,12 @@ func (w *Worker) connect() error {
 	if err != nil {
 		return err
 	}
-	w.rateObs, _ = w.opts.observer.(ratelimit.Observer)
-	if w.limiter, err = ratelimit.New(w.rdb, ratelimit.Options{Observer: w.rateObs}); err != nil {
+	waker.SetSemaphore(w.sem)
+	rateObs, _ := w.opts.observer.(ratelimit.Observer)
+	if w.limiter, err = ratelimit.New(w.rdb, ratelimit.Options{Observer: rateObs}); err != nil {
 		return err
 	}
 	w.insp = asynq.NewInspector(w.connOpt)
-	w.waker.sem = w.sem
 	made := w.connOpt.MakeRedisClient()
 	serverRDB, ok := made.(redis.UniversalClient)
 	if !ok {
@@ -189,29 +167,43 @@ func (w *Worker) connect() error {
 	w.asynqLog.kept = w.server.Kept
 	// A worker must not serve before it knows the overrides in force: a
 	// paused key would run.
-	if w.overrides, err = openOverrides(ctx, w.rdb, w.log); err != nil {
+	if w.overrides, err = admission.OpenOverrides(ctx, w.rdb, w.log); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	return nil
+	w.adm, err = admission.New(admission.Options{
+		Redis: w.rdb, Table: w.table, Semaphore: w.sem, Limiter: w.limiter, Sizes: w.overrides,
+		Observer: w.opts.observer, Logger: w.log, ParkedRetry: w.cfg.Worker.ParkedRetry,
+	})
+	return err
 }
 
-// openOverrides reads the runtime overrides on rdb and keeps them current.
-func openOverrides(ctx context.Context, rdb redis.UniversalClient, log *slog.Logger) (*control.Reader, error) {
-	store, err := control.NewStore(rdb, control.Options{})
-	if err != nil {
-		return nil, err
-	}
-	r, err := control.NewReader(ctx, store, control.ReaderOptions{Logger: log})
-	if err != nil {
-		return nil, fmt.Errorf("runtime overrides: %w", err)
-	}
-	return r, nil
-}
-
-// Handle registers the handler of a task type. If the type is capped in the
-// config, the cap wraps the handler.
+// Handle registers the handler of a task type. If the type has caps or
+// rate limits in the config, its tasks pass them first (package
+// admission).
 func (w *Worker) Handle(taskType string, h asynq.Handler) {
-	w.mux.Handle(taskType, w.capped(taskType, h))
+	w.mux.Handle(taskType, w.limited(taskType, h))
+}
+
+// limited wraps h in the limits of taskType, if it has any: a task runs
+// once it passed them, or goes back to its queue without a failure.
+func (w *Worker) limited(taskType string, h asynq.Handler) asynq.Handler {
+	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		if !w.table.Limited(taskType) {
+			return h.ProcessTask(ctx, t)
+		}
+		adm, back, err := w.adm.Admit(ctx, taskType, t)
+		switch {
+		case err != nil:
+			return err // its payload is broken: never run it without its limits
+		case back != nil:
+			return w.requeue(ctx, taskType, back)
+		}
+		if err, back := adm.Run(ctx, h, t); back != nil {
+			return w.requeue(ctx, taskType, back)
+		} else {
+			return err
+		}
+	})
 }
 
 // HandleFunc registers a handler function for a task type.
@@ -238,7 +230,7 @@ func (w *Worker) SetCaps(taskType string, caps ...CapConfig) error {
 	t.Semaphore, t.Semaphores = nil, caps
 	w.cfg.Tasks[taskType] = t
 	w.cfg.ApplyDefaults()
-	table, err := newCapTable(w.cfg)
+	table, err := admission.NewTable(w.cfg)
 	if err == nil {
 		err = w.cfg.Validate()
 	}
@@ -250,7 +242,7 @@ func (w *Worker) SetCaps(taskType string, caps ...CapConfig) error {
 		}
 		return err
 	}
-	w.caps = table
+	w.table, w.adm.Table = table, table
 	return nil
 }
 
@@ -275,6 +267,23 @@ func (w *Worker) Overrides() *control.Reader { return w.overrides }
 
 // Limiter is the worker's rate limiter (for monitoring).
 func (w *Worker) Limiter() *ratelimit.Limiter { return w.limiter }
+
+// DeclaredKey is a semaphore key the config declares, or a key rendered
+// recently from a declared template (admission.DeclaredKey).
+type DeclaredKey = admission.DeclaredKey
+
+// DeclaredKeys lists every plain cap key and template of the config, then
+// the rendered keys of templates that this process holds seats of, and the
+// ones it rendered most recently (at most 200 of those).
+func (w *Worker) DeclaredKeys() []DeclaredKey { return w.adm.DeclaredKeys() }
+
+// KeyLabel names a cap key for metrics: the template a rendered key came
+// from, so that per-tenant keys do not make one series each.
+func (w *Worker) KeyLabel(key string) string { return w.adm.KeyLabel(key) }
+
+// RenderedRateKeys lists the rate-limit keys this process rendered from
+// templates lately (the 200 it used last), for the monitoring page.
+func (w *Worker) RenderedRateKeys() []string { return w.adm.RenderedRateKeys() }
 
 // Close frees what New opened; Run calls it when it returns.
 func (w *Worker) Close() {
@@ -331,13 +340,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	recoverCtx, stopRecover := context.WithCancel(context.Background())
 	defer stopRecover()
-	w.runCtx = recoverCtx // before any handler runs
+	w.adm.Start(recoverCtx) // before any handler runs
 	if err := srv.Start(handler); err != nil {
 		return fmt.Errorf("worker: start: %w", err)
 	}
 	go w.recoverLoop(recoverCtx)
 	w.log.Info("worker: serving", "queues", w.cfg.Worker.Queues, "concurrency", w.cfg.Worker.Concurrency,
-		"capped_task_types", w.caps.types(), "embedded_redis", w.embedded != nil)
+		"limited_task_types", w.table.Types(), "embedded_redis", w.embedded != nil)
 	<-ctx.Done()
 	stopRecover()
 	w.log.Info("worker: shutting down", "timeout", w.cfg.Worker.ShutdownTimeout)

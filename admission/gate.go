@@ -1,14 +1,17 @@
-package worker
+package admission
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetcap/fleetcap/config"
 	"github.com/fleetcap/fleetcap/control"
 	"github.com/fleetcap/fleetcap/internal/layout"
 	"github.com/fleetcap/fleetcap/semaphore"
@@ -23,9 +26,9 @@ import (
 // frees, it is brought to the front of its queue like a task a worker
 // parked. So a capped task is not dequeued while its cap is full.
 type Gate struct {
-	cfg  *Config
-	caps *capTable
-	log  *slog.Logger
+	cfg   *config.Config
+	table *Table
+	log   *slog.Logger
 
 	mu        sync.Mutex // guards opening: rdb, sem and overrides are set together, once it works
 	rdb       redis.UniversalClient
@@ -37,15 +40,15 @@ type Gate struct {
 // NewGate returns a Gate for the fleet cfg describes. It does no I/O: the
 // first capped task opens its Redis client (never an embedded server of
 // its own), its semaphore and the runtime overrides.
-func NewGate(cfg *Config, log *slog.Logger) (*Gate, error) {
-	caps, err := newCapTable(cfg)
+func NewGate(cfg *config.Config, log *slog.Logger) (*Gate, error) {
+	table, err := NewTable(cfg)
 	if err != nil {
 		return nil, err
 	}
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Gate{cfg: cfg, caps: caps, log: log}, nil
+	return &Gate{cfg: cfg, table: table, log: log}, nil
 }
 
 // open opens the Gate's Redis client, semaphore and overrides, the first
@@ -61,17 +64,17 @@ func (g *Gate) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	lease, err := claimLayout(ctx, rdb, g.cfg, g.caps, "producer", g.log)
+	lease, err := ClaimLayout(ctx, rdb, g.cfg, g.table, "producer", g.log)
 	if err != nil {
 		return errors.Join(err, rdb.Close())
 	}
-	k := &waker{rdb: rdb, log: g.log}
-	sem, err := semaphore.New(rdb, semaphore.Options{Prefix: g.cfg.Semaphore.Prefix, DefaultTTL: g.cfg.Semaphore.DefaultTTL, Logger: g.log, OnWake: k.onWake})
+	k := NewWaker(rdb, g.log)
+	sem, err := semaphore.New(rdb, semaphore.Options{Prefix: g.cfg.Semaphore.Prefix, DefaultTTL: g.cfg.Semaphore.DefaultTTL, Logger: g.log, OnWake: k.OnWake})
 	if err != nil {
 		return errors.Join(err, lease.Close(), rdb.Close())
 	}
-	k.sem = sem
-	overrides, err := openOverrides(ctx, rdb, g.log)
+	k.SetSemaphore(sem)
+	overrides, err := OpenOverrides(ctx, rdb, g.log)
 	if err != nil {
 		return errors.Join(err, lease.Close(), sem.Close(), rdb.Close())
 	}
@@ -104,10 +107,10 @@ func (g *Gate) Close() error {
 // caps.
 type Route struct {
 	g     *Gate
-	seat  seat   // the cap it waits for, when it waits
+	cap   Limit  // the cap it waits for, when it waits
 	token string // its token in the rooms
 	waits bool
-	kept  []seat // the caps that keep a place for it
+	kept  []Limit // the caps that keep a place for it
 }
 
 // Waits reports whether the task waits in a room: enqueue it with Options,
@@ -118,8 +121,8 @@ func (r Route) Waits() bool { return r.waits }
 // enqueued: they go to the next tasks at once.
 func (r Route) GiveBack(ctx context.Context) error {
 	var errs []error
-	for _, s := range r.kept {
-		if err := r.g.sem.Dismiss(ctx, s.key, r.token); err != nil {
+	for _, l := range r.kept {
+		if err := r.g.sem.Dismiss(ctx, l.Key, r.token); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -133,47 +136,59 @@ func (r Route) Options() []asynq.Option {
 }
 
 // Header is the header (name, value) of a waiting task.
-func (r Route) Header() (string, string) { return WaitsForHeader, r.seat.key }
+func (r Route) Header() (string, string) { return WaitsForHeader, r.cap.Key }
 
 // Park puts the waiting task, enqueued, in its room; it is let out at once
 // when a place freed meanwhile.
 func (r Route) Park(ctx context.Context) error {
-	return r.g.sem.Park(ctx, r.seat.key, r.seat.capacity, r.token, r.seat.room(r.g.cfg.Worker.ParkedRetry))
+	return r.g.sem.Park(ctx, r.cap.Key, r.cap.Capacity, r.token, capRoom(r.cap, r.g.cfg.Worker.ParkedRetry))
 }
 
 // Route decides where the task of taskType with payload, to be enqueued on
 // queue with ID id, waits. A type without caps goes to its queue.
 func (g *Gate) Route(ctx context.Context, taskType string, payload []byte, queue, id string) (Route, error) {
-	specs := g.caps.byType[taskType]
-	if len(specs) == 0 {
+	if !g.table.Capped(taskType) {
 		return Route{}, nil
 	}
 	if queue == "" || id == "" {
-		return Route{}, errors.New("worker: Gate.Route wants the task's queue and ID")
+		return Route{}, errors.New("admission: Gate.Route wants the task's queue and ID")
 	}
 	if err := g.open(ctx); err != nil {
 		return Route{}, err
 	}
-	seats, err := renderSeats(specs, payload, func(key, template string, configured int) int {
-		return capacityIn(g.overrides, key, template, configured)
-	})
+	limits, err := g.table.For(taskType, payload, g.overrides)
 	if err != nil {
 		return Route{}, err
 	}
-	token := queue + "\x00" + id
-	for i, s := range seats {
-		ok, err := g.sem.Reserve(ctx, s.key, s.capacity, token, s.room(g.cfg.Worker.ParkedRetry))
+	caps := slices.DeleteFunc(limits, func(l Limit) bool { return l.Kind != KindCap })
+	token := Token{Queue: queue, ID: id}.String()
+	for i, l := range caps {
+		ok, err := g.sem.Reserve(ctx, l.Key, l.Capacity, token, capRoom(l, g.cfg.Worker.ParkedRetry))
 		if err == nil && ok {
 			continue
 		}
 		// No place here: the places kept on the caps before go to others.
-		if derr := (Route{g: g, token: token, kept: seats[:i]}).GiveBack(ctx); derr != nil {
+		if derr := (Route{g: g, token: token, kept: caps[:i]}).GiveBack(ctx); derr != nil {
 			g.log.Warn("worker: give back a place kept for a task (it lapses by itself)", "err", derr)
 		}
 		if err != nil {
 			return Route{}, err
 		}
-		return Route{g: g, seat: s, token: token, waits: true}, nil
+		return Route{g: g, cap: l, token: token, waits: true}, nil
 	}
-	return Route{g: g, token: token, kept: seats}, nil
+	return Route{g: g, token: token, kept: caps}, nil
+}
+
+// OpenOverrides reads the operators' runtime overrides on rdb (package
+// control) and keeps them current.
+func OpenOverrides(ctx context.Context, rdb redis.UniversalClient, log *slog.Logger) (*control.Reader, error) {
+	store, err := control.NewStore(rdb, control.Options{})
+	if err != nil {
+		return nil, err
+	}
+	r, err := control.NewReader(ctx, store, control.ReaderOptions{Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("runtime overrides: %w", err)
+	}
+	return r, nil
 }

@@ -1,8 +1,7 @@
-package worker
+package admission
 
 import (
 	"slices"
-	"sort"
 	"sync"
 	"time"
 )
@@ -132,39 +131,41 @@ func (r *recentKeys) list() []DeclaredKey {
 	return out
 }
 
-// DeclaredKeys lists every plain key and template of the config, then the
-// rendered keys of templates that this process holds seats of, and the ones
-// it rendered most recently (at most 200 of those).
-func (w *Worker) DeclaredKeys() []DeclaredKey {
-	seen := map[string]bool{}
+// DeclaredKeys lists every plain cap key and template of the config, then
+// the rendered keys of templates that this process holds seats of, and the
+// ones it rendered most recently (at most 200 of those).
+func (a *Admitter) DeclaredKeys() []DeclaredKey {
 	var out []DeclaredKey
-	for _, specs := range w.caps.byType {
-		for _, s := range specs {
-			if seen[s.Key] {
-				continue
-			}
-			seen[s.Key] = true
-			d := DeclaredKey{Key: s.Key, Capacity: s.Capacity}
-			if s.tmpl.IsTemplate() {
-				d.Template = s.Key
-			}
-			out = append(out, d)
+	for _, s := range a.Table.Caps() {
+		d := DeclaredKey{Key: s.Declared(), Capacity: s.Cap.Capacity}
+		if s.IsTemplate() {
+			d.Template = s.Declared()
 		}
+		out = append(out, d)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
-	return append(out, w.recent.list()...)
+	return append(out, a.recentCaps.list()...)
 }
 
-// KeyLabel names key for metrics: the template a rendered key came from, so
-// that per-tenant keys do not make one series each; other keys as they are.
-// A rendered key this process no longer remembers is matched against the
-// templates, so that no tenant ever gets a series of its own.
-func (w *Worker) KeyLabel(key string) string {
-	w.recent.mu.Lock()
-	k, ok := w.recent.keys[key]
-	w.recent.mu.Unlock()
+// KeyLabel names a cap key for metrics: the template a rendered key came
+// from, so that per-tenant keys do not make one series each; other keys as
+// they are. A rendered key this process no longer remembers is matched
+// against the templates, so that no tenant ever gets a series of its own.
+func (a *Admitter) KeyLabel(key string) string {
+	a.recentCaps.mu.Lock()
+	k, ok := a.recentCaps.keys[key]
+	a.recentCaps.mu.Unlock()
 	if ok {
 		return k.template
 	}
-	return w.caps.templateOf(key)
+	return a.Table.CapTemplateOf(key)
+}
+
+// RenderedRateKeys lists the rate-limit keys this process rendered from
+// templates lately (the 200 it used last), for the monitoring page.
+func (a *Admitter) RenderedRateKeys() []string {
+	var out []string
+	for _, k := range a.recentRates.list() {
+		out = append(out, k.Key)
+	}
+	return out
 }

@@ -1,0 +1,159 @@
+package admission
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/fleetcap/fleetcap/internal/asynqx"
+	"github.com/fleetcap/fleetcap/semaphore"
+)
+
+// Places in a cap's waiting room. A task holding a standby place waits for
+// a seat up to its cap's wait_timeout; the place outlives that by
+// standbyMargin, so that only a dead worker's place lapses. A task let out
+// of the room has transitTime to reach a slot (it is pushed to the front of
+// its queue: usually milliseconds) before its place goes back to the room,
+// which lets it out again first, if it still waits: so a task deleted on
+// its way gives its place back within about a second.
+const (
+	standbyMargin = 5 * time.Second
+	transitTime   = time.Second
+)
+
+// The sweep: every SweepInterval each worker lets tasks out of the rooms
+// of the keys it knows, for places and seats that freed without a call
+// that would have done it (a lease that ran out, a worker that died, a
+// task that never came for its place), and, one worker per room and
+// audit interval, checks that the parked tasks still exist: a task
+// deleted while it waited is dismissed within a second or two.
+const (
+	SweepInterval = time.Second
+	auditInterval = time.Second
+)
+
+// room is how the waiting room of cap l is kept (see semaphore.Room).
+func (a *Admitter) room(l Limit) semaphore.Room { return capRoom(l, a.ParkedRetry) }
+
+func capRoom(l Limit, parkedRetry time.Duration) semaphore.Room {
+	standby := l.standby(l.Capacity)
+	if l.Capacity == 0 {
+		standby = 0 // paused: nobody waits in a slot for a seat that will not come
+	}
+	return semaphore.Room{
+		Standby: standby,
+		Hold:    l.Cap.WaitTimeout + standbyMargin,
+		Transit: transitTime,
+		TTL:     3 * parkedRetry,
+		Audit:   auditInterval,
+	}
+}
+
+// Sweep lets tasks out of the rooms of the caps this process knows (its
+// plain keys, and the rendered keys it parked tasks for lately), and
+// audits the rooms it is handed. The worker calls it every SweepInterval,
+// and at once when an operator's override changes a capacity.
+func (a *Admitter) Sweep(ctx context.Context) {
+	for _, l := range a.knownCaps() {
+		audit, err := a.Semaphore.Admit(ctx, l.Key, l.Capacity, a.room(l))
+		if err != nil {
+			if ctx.Err() == nil {
+				a.Logger.Warn("worker: let tasks out of a waiting room", "key", l.Key, "err", err)
+			}
+			continue
+		}
+		a.audit(ctx, l.Key, audit)
+	}
+}
+
+// audit dismisses the tokens of key's room whose tasks no longer exist or
+// are done.
+func (a *Admitter) audit(ctx context.Context, key string, tokens []string) {
+	byQueue := map[string][]string{}
+	for _, s := range tokens {
+		if t, err := ParseToken(s); err == nil {
+			byQueue[t.Queue] = append(byQueue[t.Queue], t.ID)
+		}
+	}
+	for queue, ids := range byQueue {
+		gone, err := asynqx.Missing(ctx, a.Redis, queue, ids)
+		if err != nil {
+			if ctx.Err() == nil {
+				a.Logger.Warn("worker: check the tasks of a waiting room", "key", key, "err", err)
+			}
+			continue
+		}
+		for _, id := range gone {
+			a.Logger.Info("worker: a task that waited for a seat is gone (deleted or archived): its place goes to the next", "key", key, "queue", queue, "id", id)
+			if err := a.Semaphore.Dismiss(ctx, key, Token{Queue: queue, ID: id}.String()); err != nil && ctx.Err() == nil {
+				a.Logger.Warn("worker: dismiss a token whose task is gone", "key", key, "err", err)
+			}
+		}
+	}
+}
+
+// knownCaps are the declared plain cap keys, and the rendered keys in whose
+// rooms this process parked tasks lately, with their capacities in force.
+func (a *Admitter) knownCaps() []Limit {
+	var out []Limit
+	for key, spec := range a.Table.PlainCaps() {
+		out = append(out, Limit{Spec: spec, Key: key}.Resized(a.Sizes))
+	}
+	for _, l := range a.rooms.list(3 * a.ParkedRetry) {
+		out = append(out, l.Resized(a.Sizes))
+	}
+	return out
+}
+
+// roomKeys remembers the rendered keys in whose waiting rooms this process
+// parked tasks, and when it last did, so that it sweeps them (at most
+// roomKeysMax, the oldest forgotten first).
+type roomKeys struct {
+	mu   sync.Mutex
+	last map[string]roomKey
+}
+
+type roomKey struct {
+	Limit
+	at time.Time
+}
+
+const roomKeysMax = 1000
+
+// note remembers that a task was parked in the room of l.
+func (r *roomKeys) note(l Limit) {
+	if l.Template == "" {
+		return // plain keys are always swept
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.last == nil {
+		r.last = map[string]roomKey{}
+	}
+	if _, ok := r.last[l.Key]; !ok && len(r.last) >= roomKeysMax {
+		oldest := ""
+		for k, v := range r.last {
+			if oldest == "" || v.at.Before(r.last[oldest].at) {
+				oldest = k
+			}
+		}
+		delete(r.last, oldest)
+	}
+	r.last[l.Key] = roomKey{Limit: l, at: time.Now()}
+}
+
+// list returns the rooms noted within the last within, forgetting older
+// ones.
+func (r *roomKeys) list(within time.Duration) []Limit {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []Limit
+	for k, v := range r.last {
+		if time.Since(v.at) > within {
+			delete(r.last, k)
+			continue
+		}
+		out = append(out, v.Limit)
+	}
+	return out
+}

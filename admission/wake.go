@@ -1,0 +1,181 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetcap/fleetcap/internal/asynqx"
+	"github.com/fleetcap/fleetcap/ratelimit"
+	"github.com/fleetcap/fleetcap/semaphore"
+)
+
+// Waking parked tasks. A task parked in a limit's waiting room waits in
+// asynq's retry set (sent back by its handler) or scheduled set (enqueued
+// to wait), not in a worker slot. When its turn comes (a cap's room lets
+// its token out as a place frees; a rate limit's room when its tokens are
+// due), the task is moved to the dequeuing end of its queue (asynqx.Wake),
+// so that it runs before the tasks that came after it, and a cap's place
+// waits for it (a second, renewed each time the room lets it out again
+// while it is still on its way). Only a task that still waits for that
+// limit is moved: never one that completed, failed, was archived or
+// deleted, or waits for another key meanwhile; such a token is dismissed
+// and its place goes to the next. A task run by hand waits pending with
+// its place. A task of a paused queue steps aside: it holds no place
+// while its queue is paused, and keeps its arrival for when it resumes.
+// Its delay in asynq is only the safety net.
+
+// Waker brings the tasks a cap's room lets out to their queue: give its
+// OnWake to semaphore.Options.OnWake. The worker and the producer's Gate
+// each have one.
+type Waker struct {
+	rdb redis.UniversalClient
+	sem *semaphore.Service // set once the Service exists (it takes OnWake)
+	log *slog.Logger
+}
+
+// NewWaker returns a Waker on rdb; call SetSemaphore once the Service
+// made with its OnWake exists.
+func NewWaker(rdb redis.UniversalClient, log *slog.Logger) *Waker {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Waker{rdb: rdb, log: log}
+}
+
+// SetSemaphore tells the Waker the Service it wakes for.
+func (k *Waker) SetSemaphore(sem *semaphore.Service) { k.sem = sem }
+
+// OnWake brings the tasks of tokens let out of key's room to their queue.
+func (k *Waker) OnWake(key string, tokens []string) {
+	ctx, cancel := context.WithTimeout(context.Background(), storeCallTimeout)
+	defer cancel()
+	for _, token := range tokens {
+		var err error
+		switch k.bringBack(ctx, Mark(KindCap, key), token) {
+		case asynqx.Gone:
+			// Not waiting any more: its place goes to the next token,
+			// handed to OnWake again.
+			err = k.sem.Dismiss(ctx, key, token)
+		case asynqx.Paused:
+			err = k.sem.StepAside(ctx, key, token)
+		}
+		if err != nil {
+			k.log.Warn("worker: give up the place of a task that does not come for it now (the place lapses by itself)", "key", key, "err", err)
+		}
+	}
+}
+
+// bringBack moves the task of token to the dequeuing end of its queue and
+// says what it found (see asynqx.Wake; mark is the start of the message it
+// waits with). A task that is still in its handler (parking itself) is
+// asked for again, 1 ms later, then 2, 4 and 8 ms apart, for 200 ms; if it
+// is still there, or Redis fails, Busy: its place lapses back to the room,
+// keeping its arrival.
+func (k *Waker) bringBack(ctx context.Context, mark, token string) asynqx.WakeResult {
+	t, err := ParseToken(token)
+	if err != nil {
+		return asynqx.Gone
+	}
+	deadline := time.Now().Add(200 * time.Millisecond)
+	for pause := time.Millisecond; ; pause = min(2*pause, 8*time.Millisecond) {
+		res, err := asynqx.Wake(ctx, k.rdb, t.Queue, t.ID, mark, WaitsForHeader)
+		if err != nil {
+			k.log.Warn("worker: wake a parked task (it comes back by itself)", "queue", t.Queue, "id", t.ID, "err", err)
+			return asynqx.Busy
+		}
+		if res != asynqx.Busy || time.Now().After(deadline) {
+			return res
+		}
+		select {
+		case <-ctx.Done():
+			return asynqx.Busy
+		case <-time.After(pause):
+		}
+	}
+}
+
+// rateWakes runs, for each rate limit whose room this process parked tasks
+// in, one loop that brings them back as their tokens come due.
+type rateWakes struct {
+	mu sync.Mutex
+	// running maps the key of each loop that runs to whether a task
+	// parked since the loop last found the room empty: a loop ends only
+	// when it is false, so that no parked task is left unwatched.
+	running map[string]bool
+}
+
+// watch starts the loop of r's key, or tells the running one that a task
+// parked.
+func (rw *rateWakes) watch(a *Admitter, r Limit) {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	if rw.running == nil {
+		rw.running = map[string]bool{}
+	}
+	if _, runs := rw.running[r.Key]; runs || a.runCtx == nil {
+		if runs {
+			rw.running[r.Key] = true
+		}
+		return
+	}
+	rw.running[r.Key] = false
+	go rw.loop(a, r)
+}
+
+// done ends the loop of key unless a task parked since it found the room
+// empty; then it reports false, and the loop goes on.
+func (rw *rateWakes) done(key string) bool {
+	rw.mu.Lock()
+	defer rw.mu.Unlock()
+	if rw.running[key] {
+		rw.running[key] = false
+		return false
+	}
+	delete(rw.running, key)
+	return true
+}
+
+// loop brings back the tasks of r's room, one a token, until it is empty
+// or the worker stops.
+func (rw *rateWakes) loop(a *Admitter, r Limit) {
+	ctx := a.runCtx
+	defer func() {
+		if ctx.Err() != nil { // the worker stops: nothing is watched any more
+			rw.mu.Lock()
+			delete(rw.running, r.Key)
+			rw.mu.Unlock()
+		}
+	}()
+	waker := &Waker{rdb: a.Redis, log: a.Logger}
+	mark := Mark(KindRate, r.Key)
+	for ctx.Err() == nil {
+		limit := r.Resized(a.Sizes).Rate
+		token, wait, err := a.Limiter.NextDue(ctx, r.Key, limit, r.Spec.Rate.Cost)
+		switch {
+		case errors.Is(err, ratelimit.ErrRoomEmpty):
+			if rw.done(r.Key) {
+				return
+			}
+			continue
+		case err != nil:
+			if ctx.Err() == nil {
+				a.Logger.Warn("worker: bring back tasks that waited for tokens (they come back by themselves)", "key", r.Key, "err", err)
+			}
+			wait = time.Second
+		case token != "":
+			go waker.bringBack(context.WithoutCancel(ctx), mark, token)
+			continue
+		}
+		t := time.NewTimer(max(wait, time.Millisecond))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+	}
+}
