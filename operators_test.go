@@ -176,7 +176,8 @@ func (f *operatorFleet) roomEmpty() {
 	f.t.Helper()
 	rdb := f.srv.Client()
 	waitfor.Condition(f.t, 5*time.Second, "the waiting room of scarce is empty", func() bool {
-		n, err := rdb.Exists(context.Background(), "fleetcap:sem:{scarce}:parked", "fleetcap:sem:{scarce}:standby", "fleetcap:sem:{scarce}:since").Result()
+		n, err := rdb.Exists(context.Background(), "fleetcap:sem:{scarce}:parked", "fleetcap:sem:{scarce}:places",
+			"fleetcap:sem:{scarce}:since", "fleetcap:sem:{scarce}:waiting", "fleetcap:sem:{scarce}:slots").Result()
 		return err == nil && n == 0
 	})
 }

@@ -390,8 +390,8 @@ func TestIdleKeysExpire(t *testing.T) {
 	for k := range seen {
 		kinds[k[strings.LastIndexByte(k, ':')+1:]]++
 	}
-	t.Logf("semaphore keys seen during the run, by kind: %v", kinds) // holders, labels, queue, qexp, parked
-	if kinds["parked"] == 0 || kinds["holders"] == 0 || kinds["queue"] == 0 {
+	t.Logf("semaphore keys seen during the run, by kind: %v", kinds) // holders, waiting, slots, parked, places, ...
+	if kinds["parked"] == 0 || kinds["holders"] == 0 || kinds["waiting"] == 0 {
 		t.Errorf("the run did not park tasks or hold seats (keys seen %v): the test misses its point", kinds)
 	}
 	if len(noTTL) > 0 {

@@ -102,7 +102,7 @@ func (a *Admitter) Start(ctx context.Context) { a.runCtx = ctx }
 type heldSeat struct {
 	Limit
 	permit *semaphore.Permit
-	entry  *semaphore.Entry // its standby place, held until the task starts (see settle)
+	kept   bool // the seat kept the token's arrival in the room (see settle)
 }
 
 // Admission is a task admitted past its limits: it holds a seat of each
@@ -136,9 +136,11 @@ func (a *Admitter) Admit(ctx context.Context, taskType string, t *asynq.Task) (*
 	if back != nil {
 		return nil, back, nil
 	}
-	// It starts: its standby places go to the next tokens, without making
-	// it wait for that.
-	go a.settle(ctx, slices.Clone(held))
+	// It starts: the arrivals its seats kept in the rooms (a task with
+	// several caps) go, without making it wait for that.
+	if len(held) > 1 {
+		go a.settle(ctx, slices.Clone(held))
+	}
 	return &Admission{a: a, taskType: taskType, held: held}, nil, nil
 }
 
@@ -238,14 +240,18 @@ func (a *Admitter) takeSeats(ctx context.Context, caps []Limit, token string) ([
 			return nil, &Back{Key: caps[i].Key, Kind: KindCap, Why: ReasonFull, Parked: true}
 		case stoodBy:
 			// It stood by for another cap already: no second wait.
-			return nil, a.parkAfterStandby(ctx, caps[i], token, ReasonTimeout)
+			if err := entry.Park(ctx); err != nil {
+				a.Logger.Warn("worker: park a task (its place lapses by itself)", "key", caps[i].Key, "err", err)
+			}
+			a.rooms.note(caps[i])
+			return nil, &Back{Key: caps[i].Key, Kind: KindCap, Why: ReasonTimeout, Parked: true}
 		}
 		stoodBy = true
 		p, back := a.standBy(ctx, caps[i], entry, token)
 		if back != nil {
 			return nil, back
 		}
-		taken[i].permit, taken[i].entry = p, entry
+		taken[i].permit, taken[i].kept = p, len(caps) > 1
 	}
 }
 
@@ -280,7 +286,11 @@ func (a *Admitter) enterAll(ctx context.Context, taken []heldSeat, token string)
 			continue
 		}
 		l := taken[i].Limit
-		e, err := a.Semaphore.Enter(ctx, l.Key, l.Capacity, token, a.room(l), a.permitOptions(ctx, l)...)
+		opts := a.permitOptions(ctx, l)
+		if len(taken) > 1 {
+			opts = append(opts, semaphore.WithKeepArrival())
+		}
+		e, err := a.Semaphore.Enter(ctx, l.Key, l.Capacity, token, a.room(l), opts...)
 		if err != nil {
 			return i, nil, a.acquireFailed(l.Key, err)
 		}
@@ -293,43 +303,33 @@ func (a *Admitter) enterAll(ctx context.Context, taken []heldSeat, token string)
 		if len(taken) > 1 {
 			a.full.forget(l.Key)
 		}
-		taken[i].permit, taken[i].entry = e.Permit, e
+		taken[i].permit, taken[i].kept = e.Permit, e.Kept
 	}
 	return -1, nil, nil
 }
 
-// giveBack releases the seats taken so far, and steps aside from their
-// standby places: the task does not start now, and keeps its arrival in
-// each room for when it comes back.
+// giveBack releases the seats taken so far: the task does not start now.
+// A task with several caps keeps its arrival in each room (its seats kept
+// it aside) for when it comes back.
 func (a *Admitter) giveBack(ctx context.Context, taken []heldSeat) {
 	for i, hs := range taken {
 		if hs.permit != nil {
 			a.release(ctx, hs.Key, hs.permit)
 			taken[i].permit = nil
 		}
-		if hs.entry == nil {
-			continue
-		}
-		taken[i].entry = nil
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeCallTimeout)
-		if err := hs.entry.StepAside(sctx); err != nil {
-			a.Logger.Warn("worker: give up a standby place (it lapses by itself)", "key", hs.Key, "err", err)
-		}
-		cancel()
 	}
 }
 
-// settle gives up the standby places the task's seats still hold (see
-// semaphore.Entry.Settle): the task starts.
+// settle forgets the arrivals the seats of a task with several caps kept
+// in their rooms: it runs.
 func (a *Admitter) settle(ctx context.Context, held []heldSeat) {
-	for i, hs := range held {
-		if hs.entry == nil {
+	for _, hs := range held {
+		if !hs.kept {
 			continue
 		}
-		held[i].entry = nil
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeCallTimeout)
-		if err := hs.entry.Settle(sctx); err != nil {
-			a.Logger.Warn("worker: give up a standby place (it lapses by itself)", "key", hs.Key, "err", err)
+		if err := a.Semaphore.Dismiss(sctx, hs.Key, TokenOf(ctx).String()); err != nil {
+			a.Logger.Warn("worker: forget the arrival of a task that runs (it lapses with the room)", "key", hs.Key, "err", err)
 		}
 		cancel()
 	}
@@ -337,35 +337,18 @@ func (a *Admitter) settle(ctx context.Context, held []heldSeat) {
 
 // standBy waits in this slot, with the standby place entry gave, for the
 // next seat of l, up to its wait_timeout. A wait that ends without a seat
-// goes back to the room, keeping the task's place.
+// goes back to the room, keeping the task's place (Entry.Wait parks it).
 func (a *Admitter) standBy(ctx context.Context, l Limit, entry *semaphore.Entry, token string) (*semaphore.Permit, *Back) {
-	p, err := entry.Wait(ctx, append(a.permitOptions(ctx, l), semaphore.WithWaitTimeout(l.Cap.WaitTimeout))...)
+	p, err := entry.Wait(ctx, semaphore.WithWaitTimeout(l.Cap.WaitTimeout))
 	if err == nil {
 		return p, nil
 	}
 	back := a.acquireFailed(l.Key, err)
-	if back.Why == ReasonStoreError {
-		return nil, back // the store failed: the place lapses by itself
+	if back.Parked {
+		back.Err = nil // its message says why: (timeout), (shutdown)
+		a.rooms.note(l)
 	}
-	parked := a.parkAfterStandby(ctx, l, token, back.Why)
-	if back.Why == ReasonCanceled {
-		parked.Err = back.Err // asynq ends the task: it gets its error
-	}
-	return nil, parked
-}
-
-// parkAfterStandby puts a task that stood by back in the room of l, with
-// its place, and sends it back for why.
-func (a *Admitter) parkAfterStandby(ctx context.Context, l Limit, token string, why Reason) *Back {
-	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeCallTimeout)
-	defer cancel()
-	if err := a.Semaphore.Park(pctx, l.Key, l.Capacity, token, a.room(l)); err != nil {
-		// Its place lapses and the task comes back after its delay.
-		taskID, _ := asynq.GetTaskID(ctx)
-		a.Logger.Warn("worker: park a task (it comes back after its delay)", "key", l.Key, "id", taskID, "err", err)
-	}
-	a.rooms.note(l)
-	return &Back{Key: l.Key, Kind: KindCap, Why: why, Parked: true}
+	return nil, back
 }
 
 // permitOptions are the options of a seat taken for the task of ctx: its

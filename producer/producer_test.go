@@ -454,7 +454,7 @@ tasks:
 	if _, err := p.Enqueue(ctx, "job", []byte(`{"other":1}`), asynq.TaskID("one")); !errors.Is(err, asynq.ErrTaskIDConflict) {
 		t.Fatalf("a second task with the same ID: %v, want asynq.ErrTaskIDConflict", err)
 	}
-	places, err := srv.Client().ZCard(ctx, "fleetcap:sem:{scarce}:standby").Result()
+	places, err := srv.Client().ZCard(ctx, "fleetcap:sem:{scarce}:places").Result()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,8 +14,8 @@ type acquireConfig struct {
 	maxAttempts int           // 0: no cap
 	autoRenew   bool
 	holder      string
-	token       string // the caller's token in the waiting room, if any
-	ticket      int64  // the waiter's place in line when known (Entry.Wait), server µs
+	roomTTL     time.Duration // how long the waiting room's keys outlive a call (Enter)
+	keepArrival bool          // Enter: a seat keeps the token's arrival (WithKeepArrival)
 	err         error
 }
 
@@ -67,16 +67,16 @@ func WithHolder(label string) AcquireOption {
 	return func(c *acquireConfig) { c.holder = label }
 }
 
-// WithToken names the caller's token in the key's waiting room (see
-// Service.Enter): Acquire waits in line from the token's arrival, and the
-// seat it takes takes the token out of the room in the same call, so that
-// a task that runs leaves no token behind. An unknown token is ignored.
-func WithToken(token string) AcquireOption {
-	return func(c *acquireConfig) { c.token = token }
+// WithKeepArrival is for Enter, for a task that has other caps to take
+// after this one: a seat keeps the token's arrival in the room (aside), in
+// case another cap sends the task back to wait; Dismiss the token once the
+// task runs (Entry.Kept says whether there is one to dismiss).
+func WithKeepArrival() AcquireOption {
+	return func(c *acquireConfig) { c.keepArrival = true }
 }
 
 func (s *Service) acquireConfig(key string, permits int, opts []AcquireOption) (acquireConfig, error) {
-	c := acquireConfig{ttl: s.ttl}
+	c := acquireConfig{ttl: s.ttl, roomTTL: 3 * time.Minute}
 	if err := checkKey(key); err != nil {
 		return c, err
 	}

@@ -17,9 +17,7 @@ type Permit struct {
 	id       string
 	member   string // its member of the holders ZSET
 	capacity int
-	// ready is closed once a seat handed over locally is the permit's on
-	// the store too (or known lost); nil when it was from the start.
-	ready chan struct{}
+	cfg      acquireConfig
 
 	mu          sync.Mutex
 	acquiredAt  time.Time // server time
@@ -27,7 +25,6 @@ type Permit struct {
 	expiresAt   time.Time // server time
 	deadline    time.Time // local clock: when the lease surely ran out if not renewed
 	released    bool
-	handedOff   bool // its seat went to a local waiter: a retried Release only releases
 	isLost      bool
 	lostOnce    sync.Once
 	lost        context.Context // done once the seat is known lost
@@ -38,88 +35,36 @@ type Permit struct {
 	renewDone   chan struct{}      // closed when the renewal on the wire ends
 }
 
-func newPermit(s *Service, req request, res acquireReply) *Permit {
-	lost, markedLost := context.WithCancel(context.Background())
-	return &Permit{
-		s:          s,
-		key:        req.key,
-		k:          req.k,
-		id:         res.permitID,
-		member:     res.member,
-		capacity:   req.capacity,
-		acquiredAt: res.now,
-		ttl:        req.cfg.ttl,
-		expiresAt:  res.now.Add(req.cfg.ttl),
-		deadline:   res.sent.Add(req.cfg.ttl),
-		lost:       lost,
-		markedLost: markedLost,
-		counted:    true,
-	}
-}
-
-// handedPermit is the permit of a seat handed over locally, before the
-// store has moved the seat to it: its lease times are estimates until
-// handOverDone. The waiter that takes it adopts it (see adopt).
-func (s *Service) handedPermit(req request) *Permit {
-	id := randomID()
-	local := time.Now()
-	now := local
-	if us, known := s.clock.now(); known {
-		now = time.UnixMicro(us)
-	}
+// newPermit is the permit of the seat member of req, taken at server time
+// now; the lease surely started no earlier than local time from.
+func (s *Service) newPermit(req request, id, member string, now, from time.Time) *Permit {
 	lost, markedLost := context.WithCancel(context.Background())
 	return &Permit{
 		s:          s,
 		key:        req.key,
 		k:          req.k,
 		id:         id,
-		member:     member(id, req.cfg.holder),
+		member:     member,
 		capacity:   req.capacity,
-		ready:      make(chan struct{}),
+		cfg:        req.cfg,
 		acquiredAt: now,
 		ttl:        req.cfg.ttl,
 		expiresAt:  now.Add(req.cfg.ttl),
-		deadline:   local.Add(req.cfg.ttl), // the store's lease starts later
+		deadline:   from.Add(req.cfg.ttl),
 		lost:       lost,
 		markedLost: markedLost,
 	}
 }
 
-// handOverDone settles a locally handed-over permit with the store's
-// answer: moved at server time now, or lost.
-func (p *Permit) handOverDone(moved bool, now time.Time) {
-	if moved {
-		p.mu.Lock()
-		p.acquiredAt = now
-		p.expiresAt = now.Add(p.ttl)
-		p.mu.Unlock()
-	} else {
-		p.markLost() // before ready: nothing may use the seat as held
-	}
-	close(p.ready)
-}
-
-// awaitReady waits until the permit's seat is settled on the store.
-func (p *Permit) awaitReady() {
-	if p.ready != nil {
-		<-p.ready
-	}
-}
-
-// adopt is the waiting Acquire taking a permit handed over locally: it is
-// counted as active and renewed from now on, unless already lost.
-func (s *Service) adopt(p *Permit, cfg acquireConfig) {
+// started counts p as active and starts its auto-renewal, if asked for.
+func (s *Service) started(p *Permit) {
 	p.mu.Lock()
-	ok := !p.released && !p.isLost
-	p.counted = ok
+	p.counted = true
 	p.mu.Unlock()
-	if !ok {
-		return
-	}
 	if s.obs != nil {
 		s.obs.ActiveChanged(p.key, 1)
 	}
-	if cfg.autoRenew {
+	if p.cfg.autoRenew {
 		s.startRenew(p)
 	}
 }
@@ -181,7 +126,7 @@ func (p *Permit) Release(ctx context.Context) error {
 	p.mu.Unlock()
 	p.StopAutoRenew()
 
-	held, err := p.s.release(p)
+	held, err := p.s.release(ctx, p)
 	if err != nil {
 		p.mu.Lock()
 		p.released = false
@@ -204,6 +149,22 @@ func (p *Permit) Release(ctx context.Context) error {
 	return nil
 }
 
+// release frees p's seat on the store, decides "held" by the store's
+// clock, and passes the seat on to the first waiter (see release.lua). It
+// reports whether p still held the seat.
+func (s *Service) release(ctx context.Context, p *Permit) (bool, error) {
+	rep, err := s.runBatched(releaseScript, p.k, s.settleArgs(p.key, "member", p.member, "capacity", p.capacity)...)
+	if err != nil {
+		return false, err
+	}
+	held, err := rep.int("held")
+	if err != nil {
+		return false, err
+	}
+	s.passOn(p.key, rep, time.Time{})
+	return held == 1, nil
+}
+
 // localAcquired estimates the local time of acquisition.
 func (p *Permit) localAcquired() time.Time {
 	p.mu.Lock()
@@ -217,7 +178,6 @@ func (p *Permit) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := checkTTL("Extend", ttl); err != nil {
 		return err
 	}
-	p.awaitReady()
 	sent := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	defer cancel()
@@ -247,7 +207,6 @@ func (p *Permit) Extend(ctx context.Context, ttl time.Duration) error {
 
 // IsHeld checks against the store whether the seat is still held.
 func (p *Permit) IsHeld(ctx context.Context) (bool, error) {
-	p.awaitReady()
 	n, err := heldScript.Run(ctx, p.s.rdb, []string{p.k.holders}, p.member).Int()
 	if err != nil {
 		return false, fmt.Errorf("semaphore: is held %q: %w", p.key, err)

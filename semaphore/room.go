@@ -5,19 +5,22 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // The waiting room: waiting outside the process. A scheduler whose tasks
 // wait for a seat in a queue rather than in a goroutine (the worker) gives
 // each task a token. A task that finds no seat either holds one of the
 // key's standby places, fleet-wide, and waits in its slot for the next seat
-// (Entry.Wait), or goes to the room: its token is parked and the task goes
-// back to its queue. Whenever a place frees (its task took a seat or gave
-// up) or seats free with places to spare, the tokens that arrived first
-// are let out, in the same script call, and handed to Options.OnWake,
-// whose job is to bring their tasks to a slot, where they Enter again. A
-// token keeps the place it first took, however often its task goes back,
-// and leaves the room when its task takes a seat.
+// (Entry.Wait: the seat comes to it, as to a waiting Acquire), or goes to
+// the room: its token is parked and the task goes back to its queue.
+// Whenever a place frees (its task took a seat or gave up) or seats free
+// with places to spare, the tokens that arrived first are let out, in the
+// same script call, and handed to Options.OnWake, whose job is to bring
+// their tasks to a slot, where they Enter again. A token keeps the place it
+// first took, however often its task goes back, and leaves the room when
+// its task takes a seat.
 
 // Room tunes a key's waiting room.
 type Room struct {
@@ -48,6 +51,11 @@ func (r Room) check() error {
 	return nil
 }
 
+// args are the room's arguments of a script (see acquire.lua).
+func (r Room) args() []any {
+	return []any{"budget", r.Standby, "hold", r.Hold.Milliseconds(), "transit", r.Transit.Milliseconds(), "keyttl", r.TTL.Milliseconds()}
+}
+
 // Entry is what Enter got.
 type Entry struct {
 	// Permit is the seat, when one was free.
@@ -56,74 +64,60 @@ type Entry struct {
 	// the next seat. Neither a permit nor a place: the token is parked and
 	// the task should go back to its queue.
 	Standby bool
+	// Kept reports that the seat kept the token's arrival in the room
+	// (Enter WithKeepArrival): Dismiss the token once the task runs.
+	Kept bool
 
-	s          *Service
-	key        string
-	permits    int
-	token      string
-	arrival    int64 // the token's place, server µs
-	holdsPlace bool  // the token holds a standby place until Settle
-}
-
-// Settle gives up the token's standby place, if it holds one, once its
-// task took its seat and starts: the place goes to the next token. A task
-// keeps its place from its seat to its start, so that the slots holding a
-// task that does not run never outnumber the places.
-func (e *Entry) Settle(ctx context.Context) error {
-	if !e.holdsPlace {
-		return nil
-	}
-	e.holdsPlace = false
-	return e.s.Dismiss(ctx, e.key, e.token)
-}
-
-// StepAside gives up the token's standby place, if it holds one, when its
-// task goes back without starting (it waits for another key, or goes back
-// to its queue): the place goes to the next token, and the token keeps its
-// arrival for when it comes back (see Service.StepAside).
-func (e *Entry) StepAside(ctx context.Context) error {
-	if !e.holdsPlace {
-		return nil
-	}
-	e.holdsPlace = false
-	return e.s.StepAside(ctx, e.key, e.token)
+	s *Service
+	w *waiter
 }
 
 // Enter asks for a seat of key (a semaphore of permits seats; 0 pauses
 // it: no seat is given, nobody stands by) for the task of token, which is
-// in a slot now: it takes a free seat unless waiters that came first stand
-// in line, or a standby place while nobody waits in the room, or else
-// parks the token. opts are those of the permit it may take (WithToken is
-// implied).
+// in a slot now: it takes a free seat unless tasks that came first wait in
+// a slot, or a standby place while nobody waits in the room, or else
+// parks the token. opts are those of the permit it may take, and
+// WithKeepArrival.
 func (s *Service) Enter(ctx context.Context, key string, permits int, token string, room Room, opts ...AcquireOption) (*Entry, error) {
 	if err := s.checkRoomCall(key, permits, token, room); err != nil {
 		return nil, err
 	}
-	cfg, err := s.acquireConfig(key, max(permits, 1), append(opts, WithToken(token)))
+	cfg, err := s.acquireConfig(key, max(permits, 1), opts)
 	if err != nil {
 		return nil, err
 	}
-	e := &Entry{s: s, key: key, permits: permits, token: token}
+	cfg.roomTTL = room.TTL
+	e := &Entry{s: s}
 	_, err = s.observed(ctx, key, permits, func(ctx context.Context) (*Permit, int, error) {
 		if s.isClosed() {
 			return nil, 0, &AcquisitionError{Key: key, Reason: ReasonShutdown, Err: ErrClosed}
 		}
 		req := s.newRequest(key, permits, cfg)
-		req.capacity = permits // 0 when paused
-		args := newAcquireArgs(req)
-		outcome, res, err := s.enter(key, req.k, args, room, true)
+		e.w = newWaiter(req, token)
+		s.add(e.w)
+		keep := "0"
+		if cfg.keepArrival {
+			keep = "1"
+		}
+		p, rep, err := s.ask(req, e.w, "enter", append(room.args(), "keep", keep)...)
 		if err != nil {
+			s.remove(e.w)
 			return nil, 1, &AcquisitionError{Key: key, Reason: ReasonError, Attempts: 1, Err: err}
 		}
-		e.arrival, e.Standby = res.ticket, outcome == 2
-		e.holdsPlace = e.Standby || res.kept
-		if e.Standby {
+		e.Standby = rep.str("outcome") == "standby"
+		if !e.Standby {
+			s.remove(e.w)
+		} else {
+			s.waitsHere(e.w)
+			s.setEarliest(key, rep)
 			return nil, 1, errStandingBy // not a failure: observed as OutcomeStandby
 		}
-		if outcome != 1 {
+		if p == nil {
 			return nil, 1, nil
 		}
-		e.Permit, _, err = s.keepUnlessClosed(req, res, 1)
+		kept, _ := rep.int("kept")
+		e.Kept = kept == 1
+		e.Permit, _, err = s.keepUnlessClosed(p, 1)
 		return e.Permit, 1, err
 	})
 	if err != nil {
@@ -132,16 +126,44 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 	return e, nil
 }
 
-// Wait waits in line for the next seat, from the token's arrival, as
-// Acquire does (opts as Acquire's; WithToken is implied). It is for an
-// Entry with a standby place, which the token keeps: Settle it once the
-// task starts; when Wait gives up, Park the token or Dismiss it (or the
-// place lapses).
+// Wait waits in the slot for the next seat, the seat coming to it first
+// come first served, as to a waiting Acquire (opts as Acquire's: the wait
+// budget is WithWaitTimeout). It is for an Entry with a standby place:
+// when Wait gives up, the token goes back among the parked, keeping its
+// arrival, and its place goes to the next.
 func (e *Entry) Wait(ctx context.Context, opts ...AcquireOption) (*Permit, error) {
-	if !e.Standby {
+	if !e.Standby || e.w == nil {
 		return nil, errors.New("semaphore: Entry.Wait without a standby place")
 	}
-	return e.s.acquireFrom(ctx, e.key, e.permits, e.arrival, append(opts, WithToken(e.token))...)
+	w := e.w
+	e.w = nil
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		o(&w.req.cfg)
+		if w.req.cfg.err != nil {
+			e.s.giveUp(w, "park")
+			return nil, w.req.cfg.err
+		}
+	}
+	w.req.started = time.Now()
+	return e.s.observed(ctx, w.req.key, w.req.capacity, func(ctx context.Context) (*Permit, int, error) {
+		return e.s.await(ctx, w, "park")
+	})
+}
+
+// Park gives up the Entry's standby place without waiting: the token goes
+// back among the parked, keeping its arrival, and its place goes to the
+// next (its task goes back to its queue).
+func (e *Entry) Park(ctx context.Context) error {
+	if !e.Standby || e.w == nil {
+		return errors.New("semaphore: Entry.Park without a standby place")
+	}
+	w := e.w
+	e.w = nil
+	e.s.giveUp(w, "park")
+	return nil
 }
 
 // Reserve asks for a standby place of key for a task that is not in a slot
@@ -152,60 +174,28 @@ func (s *Service) Reserve(ctx context.Context, key string, permits int, token st
 	if err := s.checkRoomCall(key, permits, token, room); err != nil {
 		return false, err
 	}
-	k := s.keysFor(key)
-	outcome, _, err := s.enter(key, k, acquireArgs{member: "-", ttl: time.Millisecond, capacity: permits, token: token}, room, false)
+	req := s.newRequest(key, max(permits, 1), acquireConfig{ttl: time.Millisecond})
+	req.capacity = permits
+	_, rep, err := s.ask(req, newWaiter(req, token), "reserve", room.args()...)
 	if err != nil {
 		return false, fmt.Errorf("semaphore: reserve a place of %q: %w", key, err)
 	}
-	return outcome == 2, nil
-}
-
-// enter runs enter.lua: outcome 1 seat, 2 standby place, 0 none.
-func (s *Service) enter(key string, k keys, a acquireArgs, room Room, inSlot bool) (int64, acquireReply, error) {
-	r := acquireReply{member: a.member, sent: time.Now()}
-	r.permitID, _ = splitMember(a.member)
-	slot := "0"
-	if inSlot {
-		slot = "1"
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-	defer cancel()
-	vals, err := enterScript.Run(ctx, s.rdb, k.all(), a.member, a.ttl.Milliseconds(), a.capacity, a.token,
-		room.Standby, room.Hold.Milliseconds(), room.Transit.Milliseconds(), room.TTL.Milliseconds(), slot, s.wakeFlag()).Slice()
-	if err != nil {
-		return 0, r, err
-	}
-	if len(vals) != 6 {
-		return 0, r, fmt.Errorf("semaphore: enter script replied %d values", len(vals))
-	}
-	var outcome, nowMs, kept int64
-	for i, dst := range []*int64{&outcome, &nowMs, &r.ticket, nil, &r.free, &kept} {
-		if dst == nil {
-			continue
-		}
-		if *dst, err = replyInt(vals[i]); err != nil {
-			return 0, r, fmt.Errorf("semaphore: enter script reply %d: %w", i, err)
-		}
-	}
-	r.granted, r.now, r.kept = outcome == 1, time.UnixMilli(nowMs), kept == 1
-	s.woke(key, replyStrings(vals[3]))
-	return outcome, r, nil
+	return rep.str("outcome") == "standby", nil
 }
 
 // Park puts the task of token in key's waiting room: it waits in its
 // queue, not in a slot, until a place frees for it (a token that stood by
-// goes back with its arrival). When a place is free now, the token is let
-// out at once, to Options.OnWake like the others.
+// or stepped aside goes back with its arrival). When a place is free now,
+// the token is let out at once, to Options.OnWake like the others.
 func (s *Service) Park(ctx context.Context, key string, permits int, token string, room Room) error {
 	if err := s.checkRoomCall(key, permits, token, room); err != nil {
 		return err
 	}
-	k := s.keysFor(key)
-	vals, err := parkScript.Run(ctx, s.rdb, k.all(), permits, token, room.TTL.Milliseconds(), room.Standby, room.Transit.Milliseconds(), s.wakeFlag()).Slice()
+	rep, err := s.runNamed(ctx, parkScript, s.keysFor(key), s.settleArgs(key, append(room.args(), "token", token, "capacity", permits)...)...)
 	if err != nil {
 		return fmt.Errorf("semaphore: park on %q: %w", key, err)
 	}
-	s.woke(key, replyStrings(vals))
+	s.passOn(key, rep, time.Time{})
 	return nil
 }
 
@@ -213,14 +203,32 @@ func (s *Service) Park(ctx context.Context, key string, permits int, token strin
 // longer waits, or cannot be found), and lets the next token out in its
 // place.
 func (s *Service) Dismiss(ctx context.Context, key, token string) error {
+	return s.tokenCall(ctx, dismissScript, "dismiss from", key, token)
+}
+
+// StepAside takes token out of key's waiting room for a while: its task
+// waits elsewhere (for a seat of another key, or in a paused queue), so it
+// gives up its place, which goes to the next token, but keeps its arrival
+// (for an hour) for when it comes back: it then takes its old place in
+// line.
+func (s *Service) StepAside(ctx context.Context, key, token string) error {
+	return s.tokenCall(ctx, asideScript, "step aside from", key, token)
+}
+
+// tokenCall runs a script about one token of key's room (dismiss.lua,
+// aside.lua) and hands on what it passed on.
+func (s *Service) tokenCall(ctx context.Context, script *redis.Script, what, key, token string) error {
 	if err := checkKey(key); err != nil {
 		return err
 	}
-	vals, err := dismissScript.Run(ctx, s.rdb, s.keysFor(key).all(), token, s.wakeFlag()).Slice()
-	if err != nil {
-		return fmt.Errorf("semaphore: dismiss from %q: %w", key, err)
+	if err := checkToken(token); err != nil {
+		return err
 	}
-	s.woke(key, replyStrings(vals))
+	rep, err := s.runNamed(ctx, script, s.keysFor(key), s.settleArgs(key, "token", token)...)
+	if err != nil {
+		return fmt.Errorf("semaphore: %s %q: %w", what, key, err)
+	}
+	s.passOn(key, rep, time.Time{})
 	return nil
 }
 
@@ -243,36 +251,13 @@ func (s *Service) Admit(ctx context.Context, key string, permits int, room Room)
 	if permits < 0 {
 		return nil, fmt.Errorf("semaphore: permits must be >= 0, got %d", permits)
 	}
-	vals, err := admitScript.Run(ctx, s.rdb, s.keysFor(key).all(), permits, room.Standby, room.Transit.Milliseconds(),
-		room.TTL.Milliseconds(), s.wakeFlag(), room.Audit.Milliseconds(), auditMax).Slice()
+	rep, err := s.runNamed(ctx, admitScript, s.keysFor(key), s.settleArgs(key, append(room.args(),
+		"capacity", permits, "audit", room.Audit.Milliseconds(), "auditmax", auditMax)...)...)
 	if err != nil {
 		return nil, fmt.Errorf("semaphore: admit on %q: %w", key, err)
 	}
-	if len(vals) != 2 {
-		return nil, fmt.Errorf("semaphore: admit script replied %d values", len(vals))
-	}
-	s.woke(key, replyStrings(vals[0]))
-	return replyStrings(vals[1]), nil
-}
-
-// StepAside takes token out of key's waiting room for a while: its task
-// waits elsewhere (for a seat of another key, or in a paused queue), so it
-// gives up its place, which goes to the next token, but keeps its arrival
-// (for an hour) for when it comes back: it then takes its old place in
-// line.
-func (s *Service) StepAside(ctx context.Context, key, token string) error {
-	if err := checkKey(key); err != nil {
-		return err
-	}
-	if err := checkToken(token); err != nil {
-		return err
-	}
-	vals, err := asideScript.Run(ctx, s.rdb, s.keysFor(key).all(), token, s.wakeFlag()).Slice()
-	if err != nil {
-		return fmt.Errorf("semaphore: step aside from %q: %w", key, err)
-	}
-	s.woke(key, replyStrings(vals))
-	return nil
+	s.passOn(key, rep, time.Time{})
+	return rep.strings("audit"), nil
 }
 
 func (s *Service) checkRoomCall(key string, permits int, token string, room Room) error {
@@ -293,20 +278,4 @@ func checkToken(token string) error {
 		return errors.New("semaphore: a waiting-room token must not be empty")
 	}
 	return nil
-}
-
-// wakeFlag tells the scripts whether to let tokens out of a room: only a
-// Service with OnWake does, so that others leave the rooms alone.
-func (s *Service) wakeFlag() string {
-	if s.onWake != nil {
-		return "1"
-	}
-	return "0"
-}
-
-// woke hands the tokens a call let out of key's room to Options.OnWake.
-func (s *Service) woke(key string, tokens []string) {
-	if len(tokens) > 0 && s.onWake != nil {
-		go s.onWake(key, tokens)
-	}
 }

@@ -16,9 +16,10 @@ const roomStatsStandbyMax = 1000
 // RoomStats is a reading of a key's waiting room (see Enter and Park), in
 // the Redis server's time.
 type RoomStats struct {
-	// Waiting is the tasks waiting for a seat of the key, fleet-wide:
-	// Parked plus the tokens that hold a standby place (or held one that
-	// lapsed and goes back among the parked, keeping its place).
+	// Waiting is the callers waiting for a seat of the key, fleet-wide:
+	// Parked, the tokens that hold a standby place (or held one that
+	// lapsed and goes back among the parked, keeping its place), and the
+	// Acquire calls waiting in a process.
 	Waiting int
 	// Parked is the tasks waiting in Redis: their tokens are in the room
 	// and the tasks sit in their queue, not in a worker slot.
@@ -43,21 +44,18 @@ func (s *Service) RoomStats(ctx context.Context, key string) (RoomStats, error) 
 	if err := checkKey(key); err != nil {
 		return RoomStats{}, err
 	}
-	vals, err := roomStatsScript.Run(ctx, s.rdb, s.keysFor(key).all(), roomStatsStandbyMax).Slice()
+	rep, err := s.runNamed(ctx, roomStatsScript, s.keysFor(key), "placesmax", roomStatsStandbyMax)
 	if err != nil {
 		return RoomStats{}, fmt.Errorf("semaphore: room stats of %q: %w", key, err)
 	}
-	if len(vals) != 5 {
-		return RoomStats{}, fmt.Errorf("semaphore: room stats script replied %d values", len(vals))
-	}
-	var n [5]int64
-	for i := range n {
-		if n[i], err = replyInt(vals[i]); err != nil {
-			return RoomStats{}, fmt.Errorf("semaphore: room stats script reply %d: %w", i, err)
+	var n [7]int64
+	for i, name := range []string{"now", "parked", "waiting", "places", "live", "inboth", "oldest"} {
+		if n[i], err = rep.int(name); err != nil {
+			return RoomStats{}, fmt.Errorf("semaphore: room stats of %q: %w", key, err)
 		}
 	}
-	now, parked, standing, live, oldest := n[0], n[1], n[2], n[3], n[4]
-	st := RoomStats{Waiting: int(parked + standing), Parked: int(parked), Standby: int(live), ReadAt: time.UnixMicro(now)}
+	now, parked, waiting, places, live, inboth, oldest := n[0], n[1], n[2], n[3], n[4], n[5], n[6]
+	st := RoomStats{Waiting: int(parked + places + waiting - inboth), Parked: int(parked), Standby: int(live), ReadAt: time.UnixMicro(now)}
 	if oldest > 0 {
 		st.OldestArrival = time.UnixMicro(oldest)
 		st.OldestWait = max(time.Duration(now-oldest)*time.Microsecond, 0)

@@ -80,7 +80,7 @@ func TestRoomStats(t *testing.T) {
 		t.Fatalf("after a's place lapsed: %+v, want 3 waiting, 2 parked, the same oldest arrival %v waited longer than %v",
 			st, first.OldestArrival, first.OldestWait)
 	}
-	standbyKey := semaphore.DefaultPrefix + "{" + base + "%7Dodd{}:standby"
+	standbyKey := semaphore.DefaultPrefix + "{" + base + "%7Dodd{}:places"
 	if n := srv.Client().ZCard(ctx, standbyKey).Val(); n != 1 {
 		t.Fatalf("RoomStats moved the lapsed place (%d left in %s)", n, standbyKey)
 	}

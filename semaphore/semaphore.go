@@ -7,17 +7,18 @@
 // so a crashed holder frees its seat within its TTL. Lease time comes from
 // the Redis server's clock, never from the caller's.
 //
-// Waiting is cheap: the waiters of one process queue locally and take a
-// single place in a fleet-wide first-come-first-served line in Redis; a
-// release wakes the process first in line at once through pub/sub, a lease
-// expiry through a timer, and a backoff with jitter is only the safety net
-// (line.go, handover.go).
-//
-// Work that waits outside any process (a job queue's tasks) waits in a
-// key's waiting room instead (room.go): a fleet-wide budget of standby
-// places lets a few tasks wait in a slot for the next seat, the others wait
-// in Redis as tokens and are let out, first come first served, as places
-// free.
+// Waiting is cheap and fair. Whoever waits for a seat is a token in the
+// key's waiting room in Redis, first come first served by its arrival
+// (lua/room.lua). A waiting Acquire, or a job-queue task standing by in a
+// worker slot, waits in its process: the script call that frees a seat
+// gives it to the first of them in the same call and sends it the seat on
+// its process's channel (or hands it over in memory, when the process that
+// freed it is its own), so nobody races for a seat, and nobody polls; a
+// recheck with backoff is only the safety net, timed by the soonest lease
+// expiry. Work that waits outside any process (a job queue's tasks) waits
+// parked in the room instead (room.go): a fleet-wide budget of standby
+// places lets a few tasks wait in a slot for the next seat, and the others
+// are let out, first come first served, as places free.
 package semaphore
 
 import (
@@ -46,10 +47,10 @@ func script(name string) *redis.Script {
 	return redis.NewScript(luaFile(name))
 }
 
-// roomScript is a script that uses the functions of seats.lua and of the
-// waiting room (room.lua), which come first. Its KEYS are those of keys.all.
+// roomScript is a script that uses the functions of room.lua, which come
+// first. Its KEYS are those of keys.all; its ARGV are name/value pairs.
 func roomScript(name string) *redis.Script {
-	return redis.NewScript(luaFile("seats.lua") + luaFile("room.lua") + luaFile(name))
+	return redis.NewScript(luaFile("room.lua") + luaFile(name))
 }
 
 func luaFile(name string) string {
@@ -63,15 +64,13 @@ func luaFile(name string) string {
 var (
 	acquireScript      = roomScript("acquire.lua")
 	releaseScript      = roomScript("release.lua")
-	handoffScript      = roomScript("handoff.lua")
+	leaveScript        = roomScript("leave.lua")
 	forceReleaseScript = roomScript("forcerelease.lua")
-	enterScript        = roomScript("enter.lua")
 	parkScript         = roomScript("park.lua")
 	dismissScript      = roomScript("dismiss.lua")
 	admitScript        = roomScript("admit.lua")
 	asideScript        = roomScript("aside.lua")
 	extendScript       = script("extend.lua")
-	leaveScript        = script("leave.lua")
 	holdersScript      = script("holders.lua")
 	heldScript         = script("held.lua")
 )
@@ -107,18 +106,17 @@ type Service struct {
 	tracer trace.Tracer
 	obs    Observer
 	onWake func(key string, tokens []string)
-	id     string // this Service's name in the waiting lines
+	id     string // this Service's channel, where seats for its waiters come
 
 	closeOnce sync.Once
 	closed    chan struct{}
 
-	localHandOvers atomic.Int64 // seats handed to a local waiter in memory
+	localHandOvers atomic.Int64 // seats given to a waiter of this Service in memory
 
-	mu       sync.Mutex           // guards lines (and their users) and renewing
-	lines    map[string]*line     // keys with local waiters
+	mu       sync.Mutex           // guards renewing
 	renewing map[*Permit]struct{} // permits with auto-renew on
 
-	wakes wakeListener
+	waits waitRegistry // the waiters of this Service, and their keys
 	clock clockOffset
 }
 
@@ -159,28 +157,27 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 		onWake:   opts.OnWake,
 		id:       randomID(),
 		closed:   make(chan struct{}),
-		lines:    make(map[string]*line),
 		renewing: make(map[*Permit]struct{}),
+		waits:    newWaitRegistry(),
 	}, nil
 }
 
 // keys are the Redis keys of one semaphore; they share the hash tag {key}
 // (see hashTag). A holder's label travels inside its member of holders
-// (see member). The last five are the waiting room (lua/room.lua).
+// (see member). The others are the waiting room (lua/room.lua).
 type keys struct {
-	holders, queue, qexp, parked, standby, since, room, aside string
+	holders, waiting, slots, procs, parked, places, since, room, aside string
 }
 
 func (s *Service) keysFor(key string) keys {
 	base := s.prefix + "{" + hashTag(key) + "}:"
-	return keys{holders: base + "holders", queue: base + "queue", qexp: base + "qexp",
-		parked: base + "parked", standby: base + "standby", since: base + "since", room: base + "room",
-		aside: base + "aside"}
+	return keys{holders: base + "holders", waiting: base + "waiting", slots: base + "slots", procs: base + "procs",
+		parked: base + "parked", places: base + "places", since: base + "since", room: base + "room", aside: base + "aside"}
 }
 
-// all is the KEYS of a roomScript.
+// all is the KEYS of a roomScript, in room.lua's order.
 func (k keys) all() []string {
-	return []string{k.holders, k.queue, k.qexp, k.parked, k.standby, k.since, k.room, k.aside}
+	return []string{k.holders, k.waiting, k.slots, k.procs, k.parked, k.places, k.since, k.room, k.aside}
 }
 
 // tagEscaper makes any key a valid hash tag: Redis Cluster hashes what
@@ -280,35 +277,32 @@ func (s *Service) Holders(ctx context.Context, key string) ([]Holder, error) {
 
 // ForceReleaseAll frees every seat of key and returns how many live holders
 // it displaced. Their Release returns ErrPermitNotHeld, their Extend
-// ErrExtension. Waiters are woken, and with Options.OnWake tokens are let
-// out of the waiting room for the seats freed.
+// ErrExtension. The seats go to the waiters, and with Options.OnWake
+// tokens are let out of the waiting room for them.
 func (s *Service) ForceReleaseAll(ctx context.Context, key string) (int, error) {
 	if err := checkKey(key); err != nil {
 		return 0, err
 	}
 	k := s.keysFor(key)
-	vals, err := forceReleaseScript.Run(ctx, s.rdb, k.all(), s.wakePrefix(), key, s.wakeFlag()).Slice()
+	r, err := s.runNamed(ctx, forceReleaseScript, k, s.settleArgs(key, "capacity", -1)...)
 	if err != nil {
 		return 0, fmt.Errorf("semaphore: force release of %q: %w", key, err)
 	}
-	if len(vals) == 0 {
-		return 0, fmt.Errorf("semaphore: force release script replied nothing")
-	}
-	n, err := replyInt(vals[0])
+	n, err := r.int("displaced")
 	if err != nil {
-		return 0, fmt.Errorf("semaphore: force release script reply 0: %w", err)
+		return 0, fmt.Errorf("semaphore: force release of %q: %w", key, err)
 	}
 	s.log.Warn("semaphore: force-released every seat", "key", key, "displaced", n)
-	s.woke(key, replyStrings(vals[1:]))
+	s.passOn(key, r, time.Time{})
 	return int(n), nil
 }
 
 // Close shuts the Service down. It does not release held permits (their work
 // may still be running): it stops every auto-renewal, so this process's
 // seats lapse within their remaining TTL; it aborts every waiting Acquire
-// with ReasonShutdown; a seat won on the wire meanwhile is given back. Work
-// that finishes still releases through its own Release. Close does not
-// close the Redis client.
+// with ReasonShutdown; a seat won meanwhile is given back. Work that
+// finishes still releases through its own Release. Close does not close
+// the Redis client.
 func (s *Service) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.closed)
@@ -355,6 +349,18 @@ func (c *clockOffset) observe(serverMicros int64, sent, received time.Time) {
 	c.offset = time.UnixMicro(serverMicros).Sub(local)
 	c.known = true
 	c.mu.Unlock()
+}
+
+// observeMillis is observe for a server time in milliseconds.
+func (c *clockOffset) observeMillis(serverMillis int64, sent, received time.Time) {
+	c.observe(serverMillis*1000, sent, received)
+}
+
+// local is the local time of server time t, when the offset is known.
+func (c *clockOffset) local(t time.Time) (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return t.Add(-c.offset), c.known
 }
 
 func (c *clockOffset) now() (int64, bool) {

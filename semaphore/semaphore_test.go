@@ -165,7 +165,7 @@ func TestAcquireReasons(t *testing.T) {
 
 // queued reports whether some waiter stands in key's fleet-wide line.
 func queued(t *testing.T, rdb *redis.Client, key string) bool {
-	n, err := rdb.ZCard(context.Background(), semaphore.DefaultPrefix+"{"+key+"}:queue").Result()
+	n, err := rdb.ZCard(context.Background(), semaphore.DefaultPrefix+"{"+key+"}:waiting").Result()
 	return err == nil && n > 0
 }
 

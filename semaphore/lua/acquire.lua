@@ -1,163 +1,154 @@
--- acquire.lua: one attempt to take a seat, first-come-first-served across
--- the fleet; optionally hands over a seat being released by the caller.
+-- acquire.lua: one ask for a seat of a semaphore (see room.lua).
 --
--- KEYS[1] holders  ZSET member -> lease expiry (server ms); a member is the
---                  permit id, or the permit id, "\n" and the holder label
--- KEYS[2] queue    ZSET waiter entry -> ticket (arrival, server µs)
--- KEYS[3] qexp     ZSET waiter entry -> entry expiry (server ms)
--- KEYS[4..8]      the waiting room (see room.lua): a grant takes the
---                  caller's token (ARGV[12]) out; a seat freed or taken
---                  by a token lets the next tokens out
--- ARGV[1] member to grant
--- ARGV[2] lease TTL, ms
--- ARGV[3] capacity
--- ARGV[4] waiter entry ('' for a one-shot try that never queues)
--- ARGV[5] queue entry TTL, ms
--- ARGV[6] wake channel prefix (the entry's name is appended)
--- ARGV[7] the semaphore key, sent as the wake message
--- ARGV[8] the waiter's ticket ('' or absent for now)
--- ARGV[9] after a grant: ''/absent drops the entry, a ticket re-queues it
--- ARGV[10] member to release first (''/absent for none): a hand-over
--- ARGV[11] '1' when this Service hands admitted tokens on (it has OnWake)
--- ARGV[12] the caller's token in the room (''/absent for none): its
---          arrival is the waiter's ticket when ARGV[8] is empty, and a
---          grant seats it (see seated)
+-- KEYS: those of room.lua
+-- ARGV, name/value pairs:
+--   mode      try     take a free seat, or nothing (TryAcquire)
+--             join    take a free seat, or wait in a process: the token
+--                     joins the waiting (Acquire)
+--             enter   a job-queue task in a worker slot: a free seat (unless
+--                     a token waiting in a process came first), else a
+--                     standby place (wait in the slot), else parked
+--             reserve a producer's new task, in no slot yet: a standby
+--                     place (it may go to its queue), or nothing (it is
+--                     enqueued to wait, then parked with park.lua)
+--             recheck a waiting process's safety net: seats that freed
+--                     without a release (a lease ran out) go to the
+--                     waiting, and the process's presence is renewed
+--   capacity  the key's seats (enter, reserve: 0 pauses the key)
+--   id, label, ttl   the seat asked for: permit id, holder label, lease ms
+--   token     the asker's token (join, enter, reserve)
+--   channel   the asker's process; prefix: the channels' prefix; key: the
+--             semaphore's key, named in seat messages
+--   procttl   ms the process's presence lasts (join, enter, recheck)
+--   wake      '1' when the caller brings tokens let out back (OnWake)
+--   budget, hold, transit, keyttl   the room (enter, reserve): standby
+--             places; ms a place held from a slot lasts; ms a place waits
+--             for its task to show up; ms the room's keys outlive this call
 --
--- Tickets are integers of 16 digits: they travel as strings, because Lua
--- would print such a number with 14 significant digits.
+--   keep      enter: '1' when the task has other caps to take: a seat
+--             keeps its arrival here (aside) instead of forgetting it
+--   mine      recheck: how many of the process's waiting tokens follow,
+--             as t1, m1, t2, m2, ... (token, and the member of the seat it
+--             asked for): those given a seat are named in granted; when
+--             the process's presence was dropped, those no longer waiting
+--             in lost
 --
--- The holders key lives at least as long as its longest lease: a grant
--- whose lease would outlive the key sets the key's expiry to twice the
--- lease, so most grants leave the expiry alone.
---
--- Reply: {granted 1|0, now ms, released 1 held|0 lost|-1 none, earliest
---         lease expiry ms (0 if none or granted), first ticket of another
---         entry in line ('' if none), now: seconds, now: microseconds
---         within the second (TIME's own two strings, unformatted), the
---         tokens admitted from the room (a list), seats still free after
---         this call, the waiter's ticket (its place in line; '' when that
---         is now, which the caller reads from TIME's strings)}
+-- Reply, name/value pairs: outcome (seat | standby | waiting | parked |
+-- full), now (ms), arrival (the token's, µs), earliest (the soonest lease
+-- expiry, ms, when no seat was given; 0 for none), free (seats still
+-- free), kept (1 when a seat kept the token's arrival aside), granted
+-- (token, member pairs: the caller's waiters given a seat),
+-- woken (tokens let out of the room, for the caller to bring back), lost
+-- (recheck: the caller's tokens to join again).
 
-local holders, queue, qexp = KEYS[1], KEYS[2], KEYS[3]
-local ttl = tonumber(ARGV[2])
-local capacity = tonumber(ARGV[3])
-local entry, qttl = ARGV[4], tonumber(ARGV[5])
-local ticket, nextTicket, release = ARGV[8] or '', ARGV[9] or '', ARGV[10] or ''
-local token = ARGV[12] or ''
+local a = args()
+local mode, token, capacity = a.mode, a.token or '', tonumber(a.capacity)
 
+-- slot is a waiting token's slots entry (see room.lua).
+local function slot(x)
+  return x.channel .. '\t' .. x.id .. '\t' .. x.ttl .. '\t' .. x.capacity .. '\t' .. (x.keep or '0') .. '\t' .. (x.label or '')
+end
 local now, t = clock()
--- A token's arrival in the room is its place, set by the server: trusted.
-local trusted = false
-if ticket == '' and token ~= '' then
-  local arrival = redis.call('HGET', KEYS[6], token)
-  if arrival then ticket, trusted = arrival, true end
+local nowus = micros(t)
+local roomed = occupied()
+if mode == 'enter' or mode == 'reserve' then
+  roomed = roomed or redis.call('EXISTS', KEYS[9]) == 1
+end
+local arrival = nowus
+if roomed and token ~= '' then arrival = arrivalOf(token, nowus) end
+
+local free = math.max(capacity - liveHolders(now), 0)
+local own, woken, lost = {}, {}, {}
+if roomed and free > 0 and mode ~= 'reserve' then
+  -- Seats free while tokens wait in a process (a lease ran out): they go
+  -- to those that came first (for a task in a slot: before it).
+  local before = nil
+  if mode == 'enter' then before = arrival end
+  own, free = grant(now, free, a.channel or '', a.prefix or '', a.key or '', before)
 end
 
-local released = -1
-local freed = false
-if release ~= '' then
-  local s = redis.call('ZSCORE', holders, release)
-  released = 0
-  if s then
-    redis.call('ZREM', holders, release)
-    if tonumber(s) > now then
-      released = 1
-      freed = true
+local outcome, kept = 'full', 0
+if mode == 'recheck' then
+  -- A process whose presence was dropped (it was not heard of for long,
+  -- and its waiters were dropped with it) joins its waiters again; seats
+  -- given to its waiters while it did not listen (it was subscribing, or
+  -- its subscription was cut) are given again, here.
+  local fresh = redis.call('ZADD', KEYS[4], now + tonumber(a.procttl), a.channel) == 1
+  for i = 1, tonumber(a.mine or '0') do
+    local t, m = a['t' .. i], a['m' .. i]
+    if not redis.call('ZSCORE', KEYS[2], t) then
+      if redis.call('ZSCORE', KEYS[1], m) then
+        own[#own + 1] = t
+        own[#own + 1] = m
+      elseif fresh then
+        lost[#lost + 1] = t
+      end
     end
   end
-end
-if redis.call('ZREMRANGEBYSCORE', holders, '-inf', now) > 0 then
-  freed = true
-end
-
-local used = redis.call('ZCARD', holders)
-local free = capacity - used
--- The line is empty on the fast path: then no queue work at all.
-local waiting = redis.call('ZCARD', queue)
-if waiting > 0 then
-  local gone = redis.call('ZRANGEBYSCORE', qexp, '-inf', now, 'LIMIT', 0, 100)
-  if #gone > 0 then
-    redis.call('ZREM', qexp, unpack(gone))
-    waiting = waiting - redis.call('ZREM', queue, unpack(gone))
-  end
-end
-
-local granted = 0
-if free > 0 then
-  local ahead = 0
-  if waiting > 0 then
-    if entry == '' or ticket == '' then
-      ahead = waiting
-      if entry ~= '' and redis.call('ZSCORE', queue, entry) then ahead = ahead - 1 end
+  for i = 2, 4 do redis.call('PEXPIRE', KEYS[i], tonumber(a.procttl) * 2) end
+  outcome = 'waiting'
+elseif free > 0 and mode ~= 'reserve' then
+  local member = a.id
+  if (a.label or '') ~= '' then member = a.id .. '\n' .. a.label end
+  hold(member, now, tonumber(a.ttl))
+  free = free - 1
+  outcome = 'seat'
+  if roomed and token ~= '' then
+    if a.keep == '1' then
+      -- A task with other caps still to take keeps its arrival here, in
+      -- case one of them sends it back to wait (Dismiss it once it runs).
+      stepAside(token, nowus)
+      kept = 1
     else
-      ahead = redis.call('ZCOUNT', queue, '-inf', '(' .. ticket)
-      if ahead > 0 and not trusted and redis.call('ZSCORE', queue, entry) == false then
-        -- a waiter whose entry is not queued is behind every queued entry
-        ahead = waiting
-      end
+      forget(token)
     end
   end
-  if ahead < free then
-    granted = 1
-    used = used + 1
-    free = free - 1
-    redis.call('ZADD', holders, now + ttl, ARGV[1])
-    if redis.call('PTTL', holders) < ttl then
-      redis.call('PEXPIRE', holders, ttl * 2)
-    end
-    if token ~= '' then seated(token) end -- a token without a standby place leaves the room
-    if entry ~= '' then
-      if nextTicket ~= '' then
-        waiting = waiting + redis.call('ZADD', queue, nextTicket, entry)
-        redis.call('ZADD', qexp, now + qttl, entry)
-        redis.call('PEXPIRE', queue, qttl * 2)
-        redis.call('PEXPIRE', qexp, qttl * 2)
-      elseif waiting > 0 then
-        waiting = waiting - redis.call('ZREM', queue, entry)
-        redis.call('ZREM', qexp, entry)
-      end
-    end
+elseif mode == 'join' then
+  redis.call('ZADD', KEYS[2], arrival, token)
+  redis.call('HSET', KEYS[3], token, slot(a))
+  redis.call('ZADD', KEYS[4], now + tonumber(a.procttl), a.channel)
+  for i = 2, 4 do redis.call('PEXPIRE', KEYS[i], tonumber(a.procttl) * 2) end
+  outcome = 'waiting'
+elseif mode == 'enter' or mode == 'reserve' then
+  local budget = tonumber(a.budget)
+  local placed = redis.call('ZSCORE', KEYS[6], token)
+  if not placed and capacity > 0 then
+    local first = redis.call('ZRANGE', KEYS[5], 0, 0)
+    local nobodyFirst = #first == 0 or first[1] == token
+    placed = nobodyFirst and redis.call('ZCARD', KEYS[6]) < math.max(budget, free)
   end
-end
-
-if granted == 0 and entry ~= '' then
-  if ticket == '' then
-    waiting = waiting + redis.call('ZADD', queue, 'NX', micros(t), entry)
-  elseif trusted then
-    waiting = waiting + redis.call('ZADD', queue, 'LT', ticket, entry)
-  else
-    waiting = waiting + redis.call('ZADD', queue, ticket, entry)
-  end
-  redis.call('ZADD', qexp, now + qttl, entry)
-  redis.call('PEXPIRE', queue, qttl * 2)
-  redis.call('PEXPIRE', qexp, qttl * 2)
-end
-
--- the entries first in line, to wake (seats this call freed and did not
--- take) and to report the first other waiter
-local other = ''
-if waiting > 0 and (entry ~= '' or (freed and free > 0)) then
-  local wake = 0
-  if freed and free > 0 then wake = free end
-  local first = redis.call('ZRANGE', queue, 0, math.max(wake, 1), 'WITHSCORES')
-  for i = 1, #first, 2 do
-    local e = first[i]
-    if e ~= entry then
-      if other == '' then other = first[i + 1] end
-      if (i + 1) / 2 <= wake then
-        redis.call('PUBLISH', ARGV[6] .. e, ARGV[7])
-      end
+  redis.call('HSET', KEYS[8], 'capacity', capacity, 'budget', budget, 'transit', a.transit, 'keyttl', a.keyttl)
+  redis.call('PEXPIRE', KEYS[8], a.keyttl)
+  if placed then
+    outcome = 'standby'
+    local lease = tonumber(a.transit)
+    if mode == 'enter' then lease = tonumber(a.hold) end
+    redis.call('ZREM', KEYS[5], token)
+    redis.call('ZREM', KEYS[9], token)
+    redis.call('ZADD', KEYS[6], now + lease, token)
+    redis.call('HSETNX', KEYS[7], token, arrival)
+    redis.call('PEXPIRE', KEYS[6], a.keyttl)
+    redis.call('PEXPIRE', KEYS[7], a.keyttl)
+    if mode == 'enter' then
+      -- It waits in its slot for the next seat.
+      redis.call('ZADD', KEYS[2], arrival, token)
+      redis.call('HSET', KEYS[3], token, slot(a))
+      redis.call('ZADD', KEYS[4], now + tonumber(a.procttl), a.channel)
+      for i = 2, 3 do redis.call('PEXPIRE', KEYS[i], a.keyttl) end
+      redis.call('PEXPIRE', KEYS[4], tonumber(a.procttl) * 2)
     end
+  elseif mode == 'enter' then
+    outcome = 'parked'
+    park(token, arrival)
+    redis.call('PEXPIRE', KEYS[5], a.keyttl)
   end
 end
+if a.wake == '1' and (roomed or outcome ~= 'seat') then woken = admit(now, free) end
 
 local earliest = 0
-if granted == 0 then
-  local e = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')
+if outcome ~= 'seat' then
+  local e = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   if #e > 0 then earliest = tonumber(e[2]) end
 end
-local tokens = {}
-if ARGV[11] == '1' and released == 1 then
-  tokens = admit(now, math.max(free, 0))
-end
-return {granted, now, released, earliest, other, t[1], t[2], tokens, math.max(free, 0), ticket}
+return {'outcome', outcome, 'now', now, 'arrival', arrival, 'earliest', earliest, 'free', free, 'kept', kept,
+  'granted', own, 'woken', woken, 'lost', lost}

@@ -1,32 +1,31 @@
--- admit.lua: let tokens out of the waiting room (see room.lua) when places
--- or seats freed without a call that would have done it (a lease that ran
--- out, a worker that died, a task deleted on its way), or a new capacity
--- opens some. The worker calls it every second for the keys it knows, and
--- when a capacity changes. Once per audit interval, fleet-wide, one call
--- is also handed the tokens parked in the room, for its caller to check
--- that their tasks still wait (a task deleted while it waited leaves its
--- token behind) and dismiss the others.
+-- admit.lua: the sweep. Seats and places that freed without a call that
+-- would have passed them on (a lease that ran out, a worker that died, a
+-- task that never came for its place), or that a new capacity opens, go
+-- on: free seats to the tokens waiting in a process, places to the parked
+-- (settle, room.lua). Once per audit interval, fleet-wide, one call is
+-- also handed the parked tokens, for its caller to check that their tasks
+-- still wait (a task deleted while it waited leaves its token behind) and
+-- dismiss the others.
 --
--- KEYS[1..8] holders, queue, qexp, parked, standby, since, room, aside
--- ARGV[1] capacity in force (0: paused)
--- ARGV[2] standby budget
--- ARGV[3] transit: how long a place waits for its task, ms
--- ARGV[4] how long the room's keys outlive their last use, ms
--- ARGV[5] '1' when this Service hands admitted tokens on (it has OnWake)
--- ARGV[6] the audit interval, ms ('0': no audit)
--- ARGV[7] the most parked tokens one audit is handed
+-- KEYS: those of room.lua
+-- ARGV, name/value pairs: capacity (in force; 0: paused), budget, transit,
+--   keyttl, wake, channel, prefix, key (see acquire.lua), audit (the
+--   audit interval, ms; '0': none), auditmax (the most parked tokens one
+--   audit is handed)
 --
--- Reply: {the tokens admitted (a list), the tokens to audit (a list)}
+-- Reply, name/value pairs: granted, woken (see acquire.lua), audit (the
+-- tokens to check).
 
+local a = args()
 local now = clock()
-if redis.call('EXISTS', KEYS[4], KEYS[5]) == 0 then return {{}, {}} end
-redis.call('HSET', KEYS[7], 'capacity', ARGV[1], 'budget', ARGV[2], 'transit', ARGV[3], 'keyttl', ARGV[4])
-redis.call('PEXPIRE', KEYS[7], ARGV[4])
+if not occupied() then return {'granted', {}, 'woken', {}, 'audit', {}} end
+redis.call('HSET', KEYS[8], 'capacity', a.capacity, 'budget', a.budget, 'transit', a.transit, 'keyttl', a.keyttl)
+redis.call('PEXPIRE', KEYS[8], a.keyttl)
 local audit = {}
-local every = tonumber(ARGV[6])
-if every > 0 and tonumber(redis.call('HGET', KEYS[7], 'auditat') or '0') <= now then
-  redis.call('HSET', KEYS[7], 'auditat', now + every)
-  audit = redis.call('ZRANGE', KEYS[4], 0, tonumber(ARGV[7]) - 1)
+local every = tonumber(a.audit)
+if every > 0 and tonumber(redis.call('HGET', KEYS[8], 'auditat') or '0') <= now then
+  redis.call('HSET', KEYS[8], 'auditat', now + every)
+  audit = redis.call('ZRANGE', KEYS[5], 0, tonumber(a.auditmax) - 1)
 end
-if ARGV[5] ~= '1' then return {{}, audit} end
-return {admit(now, math.max(tonumber(ARGV[1]) - liveHolders(now), 0)), audit}
+local own, woken = settle(now, tonumber(a.capacity), a)
+return {'now', now, 'granted', own, 'woken', woken, 'audit', audit}

@@ -3,13 +3,14 @@
 -- queue), so it holds no place here, but keeps its arrival for when it
 -- comes back. The place it held goes to the next token.
 --
--- KEYS[1..8] holders, queue, qexp, parked, standby, since, room, aside
--- ARGV[1] token
--- ARGV[2] '1' when this Service hands admitted tokens on (it has OnWake)
+-- KEYS: those of room.lua
+-- ARGV, name/value pairs: token, wake, channel, prefix, key
 --
--- Reply: the tokens admitted (a list).
+-- Reply, name/value pairs: granted, woken (see acquire.lua).
 
+local a = args()
 local now, t = clock()
-stepAside(ARGV[1], micros(t))
-if ARGV[2] ~= '1' then return {} end
-return admit(now, math.max(roomCapacity(0) - liveHolders(now), 0))
+local capacity = roomCapacity(-1)
+stepAside(a.token, micros(t))
+local own, woken = settle(now, capacity, a)
+return {'now', now, 'granted', own, 'woken', woken}

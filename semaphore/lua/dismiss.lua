@@ -2,13 +2,13 @@
 -- room.lua): its task no longer waits (it ran, or was deleted), or is
 -- nowhere to be found. Its standby place goes to the next token.
 --
--- KEYS[1..8] holders, queue, qexp, parked, standby, since, room, aside
--- ARGV[1] token
--- ARGV[2] '1' when this Service hands admitted tokens on (it has OnWake)
+-- KEYS: those of room.lua
+-- ARGV, name/value pairs: token, wake, channel, prefix, key
 --
--- Reply: the tokens admitted (a list).
+-- Reply, name/value pairs: granted, woken (see acquire.lua).
 
+local a = args()
 local now = clock()
-forget(ARGV[1])
-if ARGV[2] ~= '1' then return {} end
-return admit(now, math.max(roomCapacity(0) - liveHolders(now), 0))
+forget(a.token)
+local own, woken = settle(now, roomCapacity(-1), a)
+return {'now', now, 'granted', own, 'woken', woken}

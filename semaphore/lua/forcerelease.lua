@@ -1,27 +1,19 @@
--- forcerelease.lua: free every seat of a semaphore, wake every waiter, and
--- let tokens out of the waiting room (see room.lua) for the seats freed.
+-- forcerelease.lua: free every seat of a semaphore, then pass the seats on
+-- to the tokens waiting in a process and the places to the parked (settle,
+-- room.lua).
 --
--- KEYS[1] holders  ZSET member -> lease expiry (server ms)
--- KEYS[2] queue    ZSET waiter entry -> ticket
--- KEYS[3] qexp     (unused)
--- KEYS[4..8]       the waiting room
--- ARGV[1] wake channel prefix (the entry's name is appended)
--- ARGV[2] the semaphore key, sent as the wake message
--- ARGV[3] '1' when this Service hands admitted tokens on (it has OnWake)
+-- KEYS: those of room.lua
+-- ARGV, name/value pairs: capacity ('-1': the room's, else nobody waits in
+--   a process), channel, prefix, key, wake
 --
--- Reply: {how many live (unexpired) holders were displaced, the tokens
---         admitted from the room...}. Seats whose lease had run out count
---         as freed too: nobody released them, so nobody let tokens out.
+-- Reply, name/value pairs: displaced (live holders displaced), granted,
+-- woken (see acquire.lua).
 
-local holders, queue = KEYS[1], KEYS[2]
+local a = args()
 local now = clock()
-local live = redis.call('ZCOUNT', holders, '(' .. now, '+inf')
-redis.call('DEL', holders)
-for _, e in ipairs(redis.call('ZRANGE', queue, 0, -1)) do
-  redis.call('PUBLISH', ARGV[1] .. e, ARGV[2])
-end
-local reply = {live}
-if ARGV[3] == '1' then
-  for _, token in ipairs(admit(now, roomCapacity(0))) do reply[#reply + 1] = token end
-end
-return reply
+local live = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+redis.call('DEL', KEYS[1])
+local capacity = tonumber(a.capacity)
+if capacity < 0 then capacity = roomCapacity(-1) end
+local own, woken = settle(now, capacity, a)
+return {'displaced', live, 'now', now, 'granted', own, 'woken', woken}

@@ -1,25 +1,33 @@
--- leave.lua: take a waiter entry out of the line, waking whoever it held up.
+-- leave.lua: a token stops waiting in a process (its wait ran out, was
+-- cancelled, or its Service closed). how 'drop' takes it out of the room
+-- for good (an Acquire); 'park' puts it among the parked with its arrival
+-- (a task that stood by goes back to its queue, keeping its place). The
+-- place it held, if any, goes to the next token.
 --
--- KEYS[1] holders  ZSET permit id -> lease expiry (server ms)
--- KEYS[2] queue    ZSET waiter entry -> ticket
--- KEYS[3] qexp     ZSET waiter entry -> entry expiry
--- ARGV[1] waiter entry
--- ARGV[2] capacity
--- ARGV[3] wake channel prefix (the entry's name is appended)
--- ARGV[4] the semaphore key, sent as the wake message
+-- A seat given to the token before it left (its message may still be on
+-- its way) is given back here, and passed on.
 --
--- Reply: 1 when the entry was queued, else 0.
+-- KEYS: those of room.lua
+-- ARGV, name/value pairs: token, member (of the seat it waited for), how,
+--   capacity, channel, prefix, key, wake, keyttl (see acquire.lua)
+--
+-- Reply, name/value pairs: returned (1 when the token's seat was given
+-- back), granted (tokens of the caller's channel given a seat), woken
+-- (tokens let out).
 
-local holders, queue, qexp = KEYS[1], KEYS[2], KEYS[3]
-local removed = redis.call('ZREM', queue, ARGV[1])
-redis.call('ZREM', qexp, ARGV[1])
-if removed == 0 or redis.call('ZCARD', queue) == 0 then return removed end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local free = tonumber(ARGV[2]) - redis.call('ZCOUNT', holders, '(' .. now, '+inf')
-if free > 0 then
-  for _, e in ipairs(redis.call('ZRANGE', queue, 0, free - 1)) do
-    redis.call('PUBLISH', ARGV[3] .. e, ARGV[4])
-  end
+local a = args()
+local now, t = clock()
+local token = a.token
+local waited = redis.call('ZSCORE', KEYS[2], token)
+local returned = 0
+if not waited and redis.call('ZREM', KEYS[1], a.member) == 1 then returned = 1 end
+if a.how == 'park' then
+  park(token, arrivalOf(token, micros(t)))
+  redis.call('PEXPIRE', KEYS[5], a.keyttl or '180000')
+elseif waited or redis.call('EXISTS', KEYS[5], KEYS[6], KEYS[9]) > 0 then
+  forget(token)
 end
-return removed
+local capacity = tonumber(a.capacity)
+if capacity < 0 then capacity = roomCapacity(-1) end
+local own, woken = settle(now, capacity, a)
+return {'returned', returned, 'now', now, 'granted', own, 'woken', woken}

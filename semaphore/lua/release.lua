@@ -1,34 +1,22 @@
--- release.lua: give a seat back, wake the waiters first in line, and let
--- the next tokens out of the waiting room (see room.lua).
+-- release.lua: give a seat back, then give the free seats to the tokens
+-- waiting in a process and let parked tokens out for the places and seats
+-- left (settle, room.lua).
 --
--- KEYS[1] holders  ZSET member -> lease expiry (server ms)
--- KEYS[2] queue    ZSET waiter entry -> ticket
--- KEYS[3] qexp     (unused)
--- KEYS[4..8]       the waiting room
--- ARGV[1] member (permit id, or id "\n" label)
--- ARGV[2] capacity
--- ARGV[3] wake channel prefix (the entry's name is appended)
--- ARGV[4] the semaphore key, sent as the wake message
--- ARGV[5] '1' when this Service hands admitted tokens on (it has OnWake)
+-- KEYS: those of room.lua
+-- ARGV, name/value pairs: member (the seat), capacity, channel, prefix,
+--   key (see acquire.lua), wake ('1': the caller brings tokens let out
+--   back)
 --
--- Reply: {1 when the seat was still held | 0 when it was already lost,
---         the tokens admitted from the room (a list; empty unless held)}
+-- Reply, name/value pairs: held (1 when the seat was still held, 0 when it
+-- was already lost), granted (tokens of the caller's channel given a seat),
+-- woken (tokens let out).
 
-local holders, queue = KEYS[1], KEYS[2]
-local s = redis.call('ZSCORE', holders, ARGV[1])
-if not s then return {0, {}} end
-redis.call('ZREM', holders, ARGV[1])
+local a = args()
+local s = redis.call('ZSCORE', KEYS[1], a.member)
+if not s then return {'held', 0, 'granted', {}, 'woken', {}} end
+redis.call('ZREM', KEYS[1], a.member)
 local now = clock()
-if tonumber(s) <= now then return {0, {}} end
-
-local lined = redis.call('ZCARD', queue) > 0
-local roomed = ARGV[5] == '1' and occupied()
-if not lined and not roomed then return {1, {}} end
-local free = tonumber(ARGV[2]) - liveHolders(now)
-if free > 0 and lined then
-  for _, e in ipairs(redis.call('ZRANGE', queue, 0, free - 1)) do
-    redis.call('PUBLISH', ARGV[3] .. e, ARGV[4])
-  end
-end
-if not roomed then return {1, {}} end
-return {1, admit(now, math.max(free, 0))}
+local held = 0
+if tonumber(s) > now then held = 1 end
+local own, woken = settle(now, tonumber(a.capacity), a)
+return {'held', held, 'now', now, 'granted', own, 'woken', woken}

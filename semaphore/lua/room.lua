@@ -1,40 +1,99 @@
--- room.lua: the waiting room of a semaphore, prepended (after seats.lua) to
--- every script that frees, takes or promises seats for tasks that wait in
--- it (see roomScript in semaphore.go).
+-- room.lua: what every script of a semaphore's seats and waiting room
+-- shares; it is prepended to each of them (see roomScript in
+-- semaphore.go). Arguments come as name/value pairs (args), replies go as
+-- name/value pairs too (see reply in acquire.go).
 --
--- Tasks that wait for a seat outside any process (a job queue's tasks sent
--- back to their queue) are tokens in the room. A few of them at a time, the
--- key's standby budget, hold a standby place: they were let out to wait in
--- a worker slot for the next seat (or to take a free one). Admission lets
--- out the tokens that came first.
+-- A seat is a leased member of holders. Whoever waits for a seat is a
+-- token, in one of three places, first come first served by arrival
+-- (server µs, kept however often its task goes back):
+--   - waiting: in a process, listening on the process's channel for the
+--     seat: a waiting Acquire, or a job-queue task standing by in a worker
+--     slot. A seat that frees goes to the first of them in the same script
+--     call (grant), and the message names the seat it holds: nobody races
+--     for it, and nobody polls.
+--   - parked: a job-queue task waiting outside any process, in its queue.
+--   - in transit: a parked token let out (admit), with a place, on its way
+--     to a worker slot.
+-- A job-queue token that waits in a slot or is in transit holds one of
+-- the key's standby places (a fleet-wide budget): admit lets the first
+-- parked tokens out while places are free, for the caller to bring their
+-- tasks to a slot.
 --
--- KEYS[4] parked   ZSET token -> arrival (server µs): in the room
--- KEYS[5] standby  ZSET token -> when its place lapses (server ms)
--- KEYS[6] since    HASH token -> arrival (server µs), for every token above
--- KEYS[7] room     HASH capacity, budget (standby places), transit (ms a
+-- KEYS[1] holders  ZSET member -> lease expiry (server ms); a member is a
+--                  permit id, or a permit id, "\n" and its holder label
+-- KEYS[2] waiting  ZSET token -> arrival (server µs): tokens in a process
+-- KEYS[3] slots    HASH token -> "channel\tpermit id\tttl ms\tcapacity\t
+--                  keep\tlabel": where to send a waiting token's seat, the
+--                  seat it gets, the capacity it asked for, and whether its
+--                  seat keeps its arrival aside ('1', see acquire.lua)
+-- KEYS[4] procs    ZSET channel -> when the process's presence lapses
+--                  (server ms): a seat is never sent to a gone process
+-- KEYS[5] parked   ZSET token -> arrival (server µs)
+-- KEYS[6] places   ZSET token -> when its standby place lapses (server ms)
+-- KEYS[7] since    HASH token -> arrival (server µs), of tokens in places
+-- KEYS[8] room     HASH capacity, budget (standby places), transit (ms a
 --                  place waits for its task to show up), keyttl (ms the
---                  room's keys outlive their last arrival)
--- KEYS[8] aside    ZSET token -> arrival (server µs): tokens that left the
---                  room for a while but keep their place for when their
---                  task comes back (it waits for another cap, or its queue
---                  is paused); kept at most asideFor, and lapses with
---                  the room's keys
+--                  room's keys outlive their last use), auditat
+-- KEYS[9] aside    ZSET token -> arrival (server µs): tokens that left for
+--                  a while but keep their place for when their task comes
+--                  back (it waits for another cap, or its queue is
+--                  paused); kept at most asideFor, lapses with the room
 
--- occupied reports whether anyone is in the room or holds a standby place.
--- Scripts ask it first, so that a key nobody waits for costs one command.
+-- args reads ARGV's name/value pairs.
+local function args()
+  local a = {}
+  for i = 1, #ARGV, 2 do a[ARGV[i]] = ARGV[i + 1] end
+  return a
+end
+
+-- clock reads the server's time in milliseconds; it returns TIME's reply
+-- too, for micros.
+local function clock()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
+end
+
+-- micros is a TIME reply as the 16-digit string of microseconds that
+-- arrivals are kept in.
+local function micros(t)
+  return t[1] .. string.format('%06d', tonumber(t[2]))
+end
+
+-- liveHolders drops lapsed leases and counts the rest.
+local function liveHolders(now)
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  return redis.call('ZCARD', KEYS[1])
+end
+
+-- hold gives member a seat until now + ttl; the holders key lives at least
+-- as long as its longest lease.
+local function hold(member, now, ttl)
+  redis.call('ZADD', KEYS[1], now + ttl, member)
+  if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl * 2) end
+end
+
+-- occupied reports whether any token waits for the key. Scripts ask it
+-- first, so that a key nobody waits for costs one command.
 local function occupied()
-  return redis.call('EXISTS', KEYS[4], KEYS[5]) > 0
+  return redis.call('EXISTS', KEYS[2], KEYS[5], KEYS[6]) > 0
 end
 
 -- forget takes a token out of the room for good: its task took a seat, or
 -- no longer waits. An empty room keeps no key.
 local function forget(token)
-  if token == nil or token == '' then return end
-  redis.call('ZREM', KEYS[4], token)
+  redis.call('ZREM', KEYS[2], token)
+  redis.call('HDEL', KEYS[3], token)
   redis.call('ZREM', KEYS[5], token)
-  redis.call('HDEL', KEYS[6], token)
-  redis.call('ZREM', KEYS[8], token)
-  if not occupied() then redis.call('DEL', KEYS[7]) end
+  if redis.call('ZREM', KEYS[6], token) > 0 then redis.call('HDEL', KEYS[7], token) end
+  redis.call('ZREM', KEYS[9], token)
+  if not occupied() then redis.call('DEL', KEYS[8]) end
+end
+
+-- arrivalOf is a token's place in line: its arrival when it waits or
+-- stepped aside, else nowus.
+local function arrivalOf(token, nowus)
+  return redis.call('ZSCORE', KEYS[5], token) or redis.call('HGET', KEYS[7], token)
+    or redis.call('ZSCORE', KEYS[2], token) or redis.call('ZSCORE', KEYS[9], token) or nowus
 end
 
 -- asideFor is how long, in µs, a token that stepped aside keeps its place
@@ -42,72 +101,159 @@ end
 local asideFor = 3600 * 1000000
 
 -- stepAside takes a token out of the room, giving up its standby place if
--- it holds one, but keeps its arrival (see arrivalOf) for when its task
--- comes back. nowus is the server time in µs, as a string.
+-- it holds one, but keeps its arrival for when its task comes back.
 local function stepAside(token, nowus)
-  local arrival = redis.call('HGET', KEYS[6], token) or redis.call('ZSCORE', KEYS[8], token)
-  local keyttl = redis.call('HGET', KEYS[7], 'keyttl') or '180000'
+  local arrival = redis.call('ZSCORE', KEYS[5], token) or redis.call('HGET', KEYS[7], token)
+    or redis.call('ZSCORE', KEYS[2], token) or redis.call('ZSCORE', KEYS[9], token)
+  local keyttl = redis.call('HGET', KEYS[8], 'keyttl') or '180000'
   forget(token)
   if not arrival then return end
-  redis.call('ZADD', KEYS[8], arrival, token)
-  redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', '(' .. string.format('%d', tonumber(nowus) - asideFor))
-  redis.call('PEXPIRE', KEYS[8], keyttl)
+  redis.call('ZADD', KEYS[9], arrival, token)
+  redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', '(' .. string.format('%d', tonumber(nowus) - asideFor))
+  redis.call('PEXPIRE', KEYS[9], keyttl)
 end
 
--- arrivalOf is a token's place: its arrival when it is in the room or
--- stepped aside, else nowus.
-local function arrivalOf(token, nowus)
-  return redis.call('HGET', KEYS[6], token) or redis.call('ZSCORE', KEYS[8], token) or nowus
+-- park puts a token among the parked with its arrival, out of any slot
+-- and place (its wait in a slot ended, or it never had one).
+local function park(token, arrival)
+  redis.call('ZREM', KEYS[2], token)
+  redis.call('HDEL', KEYS[3], token)
+  if redis.call('ZREM', KEYS[6], token) > 0 then redis.call('HDEL', KEYS[7], token) end
+  redis.call('ZREM', KEYS[9], token)
+  redis.call('ZADD', KEYS[5], 'NX', arrival, token)
 end
 
--- seated is called when the task of a token takes a seat. A token that
--- holds a standby place keeps it until its task starts (the caller then
--- dismisses it: see Entry.Settle), so that the slots waiting never outnumber
--- the places; any other leaves the room now. Reply 1 when it kept a place.
-local function seated(token)
-  if token == nil or token == '' then return 0 end
-  if redis.call('ZSCORE', KEYS[5], token) then return 1 end
-  forget(token)
-  return 0
+-- goneAfter is how long, in ms, a process's presence may have lapsed
+-- before its waiters are dropped: far longer than a slow recheck.
+local goneAfter = 30000
+
+-- seatMessage is the message that sends a waiting token its seat: the
+-- key, the token and the seat's member, each after its length and a colon
+-- (any text may be in them), then the server's time (ms).
+local function seatMessage(key, token, member, now)
+  return #key .. ':' .. key .. #token .. ':' .. token .. #member .. ':' .. member .. now
 end
 
--- roomCapacity is the capacity the room was last told of, or fallback.
-local function roomCapacity(fallback)
-  return tonumber(redis.call('HGET', KEYS[7], 'capacity') or fallback)
+-- grant gives free seats to the tokens waiting in a process, first come
+-- first served, as long as seats are free (and, with before, to those that
+-- arrived before it). A token's seat is the permit it asked for (its slots
+-- entry); a standby place it held is used up. Seats for the caller's own
+-- channel are returned, the others are sent on their process's channel
+-- (prefix .. channel). A token whose process was not heard of lately is
+-- passed over (it gets a seat once its process is back); one whose process
+-- is gone is dropped (a standby place it held lapses, and puts it back
+-- among the parked). It returns the caller's grants and the seats still
+-- free.
+local function grant(now, free, mine, prefix, key, before)
+  local own = {}
+  local skipped = 0
+  while free ~= 0 do
+    local first = redis.call('ZRANGE', KEYS[2], skipped, skipped, 'WITHSCORES')
+    if #first == 0 or (before and tonumber(first[2]) >= tonumber(before)) then break end
+    local token = first[1]
+    local info = redis.call('HGET', KEYS[3], token)
+    if not info then
+      redis.call('ZREM', KEYS[2], token)
+    else
+      local channel, id, ttl, capacity, keep, label = string.match(info, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
+      local presence = tonumber(redis.call('ZSCORE', KEYS[4], channel) or '0')
+      if free < 0 and tonumber(capacity) - liveHolders(now) <= 0 then
+        -- The caller does not know the capacity: the waiter's own says
+        -- whether a seat is free.
+        break
+      end
+      if channel ~= mine and presence <= now then
+        -- Its process has not been heard of lately: it may be slow, or
+        -- gone. The seat goes to the next; a process gone for good
+        -- (goneAfter) has its waiters dropped.
+        if presence + goneAfter <= now then
+          -- Its process finds its presence gone if it comes back, and
+          -- joins again (see recheck in acquire.lua).
+          redis.call('ZREM', KEYS[2], token)
+          redis.call('HDEL', KEYS[3], token)
+          redis.call('ZREM', KEYS[4], channel)
+        else
+          skipped = skipped + 1
+        end
+      else
+        redis.call('ZREM', KEYS[2], token)
+        redis.call('HDEL', KEYS[3], token)
+        local member = id
+        if label ~= '' then member = id .. '\n' .. label end
+        hold(member, now, tonumber(ttl))
+        if keep == '1' then
+          redis.call('ZADD', KEYS[9], first[2], token)
+          redis.call('PEXPIRE', KEYS[9], redis.call('HGET', KEYS[8], 'keyttl') or '180000')
+        end
+        if redis.call('ZREM', KEYS[6], token) > 0 then redis.call('HDEL', KEYS[7], token) end
+        if free > 0 then free = free - 1 end
+        if channel == mine then
+          own[#own + 1] = token
+          own[#own + 1] = member
+        else
+          redis.call('PUBLISH', prefix .. channel, seatMessage(key, token, member, now))
+        end
+      end
+    end
+  end
+  return own, free
 end
 
 -- reclaim puts the tokens whose standby place lapsed (their task never
 -- showed up: it was deleted, its worker died, or it is still on its way)
--- back in the room, keeping their place; admit lets them out again first.
+-- back among the parked, keeping their place; admit lets them out again
+-- first.
 local function reclaim(now)
-  for _, token in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, 100)) do
-    redis.call('ZREM', KEYS[5], token)
-    local arrival = redis.call('HGET', KEYS[6], token)
-    if arrival then redis.call('ZADD', KEYS[4], 'NX', arrival, token) end
+  for _, token in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now, 'LIMIT', 0, 100)) do
+    local arrival = redis.call('HGET', KEYS[7], token)
+    park(token, arrival or now * 1000)
   end
 end
 
--- admit gives standby places to the tokens that arrived first, while fewer
--- than the budget (the standby budget, or the free seats when more) hold
--- one, and returns them. Places that lapsed go back to the room first
--- (reclaim).
+-- admit gives standby places to the parked tokens that arrived first,
+-- while fewer than the budget (the standby budget, or the free seats when
+-- more) hold one, and returns them.
 local function admit(now, free)
-  if not occupied() then return {} end
+  if redis.call('EXISTS', KEYS[5], KEYS[6]) == 0 then return {} end
   reclaim(now)
-  local room = redis.call('HMGET', KEYS[7], 'budget', 'transit', 'keyttl')
+  local room = redis.call('HMGET', KEYS[8], 'budget', 'transit', 'keyttl')
   local budget = math.max(tonumber(room[1] or '0'), free)
-  local transit = tonumber(room[2] or '30000')
+  local transit = tonumber(room[2] or '1000')
   local out = {}
-  local standing = redis.call('ZCARD', KEYS[5])
+  local standing = redis.call('ZCARD', KEYS[6])
   while standing < budget do
-    local first = redis.call('ZPOPMIN', KEYS[4])
+    local first = redis.call('ZPOPMIN', KEYS[5])
     if #first == 0 then break end
-    redis.call('ZADD', KEYS[5], now + transit, first[1])
+    redis.call('ZADD', KEYS[6], now + transit, first[1])
+    redis.call('HSET', KEYS[7], first[1], first[2])
     standing = standing + 1
     out[#out + 1] = first[1]
   end
-  if #out > 0 and room[3] then redis.call('PEXPIRE', KEYS[5], room[3]) end
+  if #out > 0 and room[3] then
+    redis.call('PEXPIRE', KEYS[6], room[3])
+    redis.call('PEXPIRE', KEYS[7], room[3])
+  end
   return out
+end
+
+-- settle runs after any change of seats: it gives the free seats to the
+-- tokens waiting in a process, then lets parked tokens out for the places
+-- and seats left (only when the caller brings tasks back: wake is '1').
+-- It returns the caller's grants and the tokens let out.
+local function settle(now, capacity, a)
+  if not occupied() then return {}, {} end
+  local free = -1 -- a capacity of -1: each waiter's own
+  if capacity >= 0 then free = math.max(capacity - liveHolders(now), 0) end
+  local own
+  own, free = grant(now, free, a.channel or '', a.prefix or '', a.key or '')
+  local out = {}
+  if a.wake == '1' then out = admit(now, math.max(free, 0)) end
+  return own, out
+end
+
+-- roomCapacity is the capacity the room was last told of, or fallback.
+local function roomCapacity(fallback)
+  return tonumber(redis.call('HGET', KEYS[8], 'capacity') or fallback)
 end
 
 -- script body --

@@ -1,0 +1,165 @@
+package semaphore
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The scripts' wire format. Every script of the seats and the waiting room
+// (lua/room.lua) takes its arguments as name/value pairs and answers with
+// name/value pairs, so that a call reads like what it asks, and a reply is
+// read by name, not by position.
+
+// storeTimeout bounds one script call. Calls that change seats do not take
+// the caller's cancellation: a call cut off on the wire could leave a seat
+// taken that nobody knows about.
+const storeTimeout = 5 * time.Second
+
+// reply is a script's answer, by name.
+type reply map[string]any
+
+func parseReply(v any) (reply, error) {
+	list, ok := v.([]any)
+	if !ok || len(list)%2 != 0 {
+		return nil, fmt.Errorf("semaphore: a script replied %T %v, want name/value pairs", v, v)
+	}
+	r := make(reply, len(list)/2)
+	for i := 0; i < len(list); i += 2 {
+		name, ok := list[i].(string)
+		if !ok {
+			return nil, fmt.Errorf("semaphore: a script replied the name %v (%T)", list[i], list[i])
+		}
+		r[name] = list[i+1]
+	}
+	return r, nil
+}
+
+// int reads an integer value: a Lua number, or a string of digits
+// (arrivals, which Lua would round).
+func (r reply) int(name string) (int64, error) {
+	v, ok := r[name]
+	if !ok {
+		return 0, fmt.Errorf("semaphore: a script's reply lacks %q", name)
+	}
+	n, err := replyInt(v)
+	if err != nil {
+		return 0, fmt.Errorf("semaphore: a script's reply %q: %w", name, err)
+	}
+	return n, nil
+}
+
+func (r reply) str(name string) string {
+	s, _ := r[name].(string)
+	return s
+}
+
+func (r reply) strings(name string) []string { return replyStrings(r[name]) }
+
+// replyInt reads an integer of a script reply: a Lua number, or a string
+// of digits (arrivals, which Lua would round; ZSET scores in the "%.17g"
+// form Redis prints them in). An empty string is 0.
+func replyInt(v any) (int64, error) {
+	switch v := v.(type) {
+	case int64:
+		return v, nil
+	case string:
+		if v == "" {
+			return 0, nil
+		}
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			return n, nil
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return 0, err
+		}
+		return int64(f), nil
+	default:
+		return 0, fmt.Errorf("unexpected %T", v)
+	}
+}
+
+// replyStrings reads a list of strings of a script reply.
+func replyStrings(v any) []string {
+	list, ok := v.([]any)
+	if !ok {
+		return nil
+	}
+	out := make([]string, 0, len(list))
+	for _, x := range list {
+		if s, ok := x.(string); ok && s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// runNamed runs a room script on k with name/value args and reads its
+// reply, bounded by ctx and storeTimeout.
+func (s *Service) runNamed(ctx context.Context, script *redis.Script, k keys, args ...any) (reply, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
+	defer cancel()
+	v, err := script.Run(ctx, s.rdb, k.all(), args...).Result()
+	if err != nil {
+		return nil, err
+	}
+	return parseReply(v)
+}
+
+// runBatched is runNamed through the auto-pipeliner (batch.go): for the
+// hot calls of concurrent callers.
+func (s *Service) runBatched(script *redis.Script, k keys, args ...any) (reply, error) {
+	v, err := s.batch.of(k.holders).run(script, k.all(), args...).Result()
+	if err != nil {
+		return nil, err
+	}
+	return parseReply(v)
+}
+
+// settleArgs are the arguments every script that passes seats on takes:
+// where this Service hears of seats, and whether it brings tokens let out
+// of the room back (see passOn); extra follow.
+func (s *Service) settleArgs(key string, extra ...any) []any {
+	return append([]any{"channel", s.id, "prefix", s.seatPrefix(), "key", key, "wake", s.wakeFlag()}, extra...)
+}
+
+// passOn hands on what a script that passed seats on gave this Service:
+// seats for its own waiters ("granted": token, member pairs), in memory,
+// and the tokens let out of the room ("woken"), to Options.OnWake. now is
+// the server time of the call ("now" of the reply when zero).
+func (s *Service) passOn(key string, r reply, now time.Time) {
+	if ms, err := r.int("now"); now.IsZero() && err == nil {
+		now = time.UnixMilli(ms)
+	}
+	granted := r.strings("granted")
+	for i := 0; i+1 < len(granted); i += 2 {
+		if s.deliver(key, granted[i], granted[i+1], now) {
+			s.localHandOvers.Add(1)
+		}
+	}
+	s.woke(key, r.strings("woken"))
+}
+
+// wakeFlag tells the scripts whether to let tokens out of a room: only a
+// Service with OnWake does, so that others leave the rooms alone.
+func (s *Service) wakeFlag() string {
+	if s.onWake != nil {
+		return "1"
+	}
+	return "0"
+}
+
+// woke hands the tokens a call let out of key's room to Options.OnWake.
+func (s *Service) woke(key string, tokens []string) {
+	if len(tokens) > 0 && s.onWake != nil {
+		go s.onWake(key, tokens)
+	}
+}
+
+// seatPrefix is the prefix of the channels seats are sent on; a Service's
+// id completes the name of its own.
+func (s *Service) seatPrefix() string { return s.prefix + "seat:" }

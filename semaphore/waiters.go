@@ -1,0 +1,479 @@
+package semaphore
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Waiting in a process. A waiter (a waiting Acquire, or a task standing by
+// in a worker slot: Entry.Wait) is a token in its key's waiting room; the
+// script call that frees a seat gives it to the first waiter and sends it
+// the seat on the waiter's process's channel (its Service's id), or returns
+// it when the caller is the waiter's own Service (passOn). A Service's
+// waiters of one key share a recheck loop: the safety net that renews the
+// process's presence in the room (a seat is never sent to a gone process),
+// takes the seats that freed without a release (a lease ran out: timed by
+// the soonest expiry), and asks again for the seats given while the
+// subscription was down. Its backoff grows from backoffBase to backoffMax.
+
+const (
+	backoffBase = 20 * time.Millisecond
+	backoffMax  = time.Second
+	// presenceTTL is how long a process's presence in a room outlives its
+	// last recheck: a crashed process's waiters stop being given seats
+	// after it.
+	presenceTTL = 3 * time.Second
+)
+
+// seatMsg is a seat given to a waiter: its member, and the server time of
+// the grant (zero when unknown).
+type seatMsg struct {
+	member string
+	now    time.Time
+}
+
+// waiter is one wait of this Service for a seat of key.
+type waiter struct {
+	req      request
+	token    string
+	id       string // the permit id of the seat it asked for
+	member   string
+	seat     chan seatMsg // holds the one seat given to it
+	failed   chan error   // closed with fail set when the wait fails
+	attempts int          // store calls made on its behalf; guarded by the registry's mu
+	joined   bool         // its token is among the waiting (its first call said so); guarded by mu
+	done     bool         // given a seat or gone: no second delivery; guarded by mu
+	fail     error
+}
+
+func newWaiter(req request, token string) *waiter {
+	id := randomID()
+	return &waiter{req: req, token: token, id: id, member: member(id, req.cfg.holder),
+		seat: make(chan seatMsg, 1), failed: make(chan error, 1), attempts: 1}
+}
+
+// waitKey names a waiter in the registry.
+type waitKey struct{ key, token string }
+
+// keyWaits is what the registry keeps per key with waiters.
+type keyWaits struct {
+	n        int           // waiters
+	looping  bool          // its recheck loop runs
+	capacity int           // the capacity the last of them asked for
+	nudge    chan struct{} // makes the recheck loop look now
+	backoff  time.Duration // what the loop sleeps now (for tests)
+	earliest time.Time     // the soonest lease expiry the last call saw, server time
+	// missed: seats may have been sent to its waiters while the
+	// subscription was not confirmed: its next recheck asks for them
+	missed bool
+}
+
+// waitRegistry holds a Service's waiters, its keys' recheck loops, and its
+// subscription to its seat channel.
+type waitRegistry struct {
+	mu      sync.Mutex
+	waiters map[waitKey]*waiter
+	keys    map[string]*keyWaits
+
+	ps          *redis.PubSub // nil until subscribed
+	subscribing bool
+	heard       bool  // the subscription is confirmed: seats sent reach us
+	subSeq      int64 // counts the subscription's (re)confirmations and losses
+	closed      bool
+}
+
+func newWaitRegistry() waitRegistry {
+	return waitRegistry{waiters: map[waitKey]*waiter{}, keys: map[string]*keyWaits{}}
+}
+
+// add registers w before its first call, so that a seat given to it in
+// that call finds it.
+func (s *Service) add(w *waiter) {
+	r := &s.waits
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.waiters[waitKey{w.req.key, w.token}] = w
+	kw := r.keys[w.req.key]
+	if kw == nil {
+		kw = &keyWaits{nudge: make(chan struct{}, 1), backoff: backoffBase, missed: true}
+		r.keys[w.req.key] = kw
+	}
+	kw.n++
+	kw.capacity = w.req.capacity
+}
+
+// waitsHere starts, for w that waits in the room now, its key's recheck
+// loop and this Service's subscription, unless they run. A seat sent
+// before the subscription is confirmed is found by the next recheck.
+func (s *Service) waitsHere(w *waiter) {
+	r := &s.waits
+	r.mu.Lock()
+	w.joined = true
+	kw := r.keys[w.req.key]
+	start := kw != nil && !kw.looping
+	if start {
+		kw.looping = true
+	}
+	subscribe := !r.subscribing && r.ps == nil && !r.closed
+	if subscribe {
+		r.subscribing = true
+	}
+	r.mu.Unlock()
+	if subscribe {
+		go s.listen()
+	}
+	if start {
+		go s.recheckLoop(w.req.key, kw)
+	}
+}
+
+// remove unregisters w: a seat sent to it later is given back. It reports
+// the seat given to it before, if any: the caller takes it or gives it
+// back.
+func (s *Service) remove(w *waiter) (seatMsg, bool) {
+	r := &s.waits
+	r.mu.Lock()
+	wk := waitKey{w.req.key, w.token}
+	if r.waiters[wk] == w {
+		delete(r.waiters, wk)
+		if kw := r.keys[w.req.key]; kw != nil {
+			if kw.n--; kw.n == 0 && !kw.looping {
+				delete(r.keys, w.req.key)
+			}
+		}
+	}
+	w.done = true
+	r.mu.Unlock()
+	select {
+	case m := <-w.seat:
+		return m, true
+	default:
+		return seatMsg{}, false
+	}
+}
+
+// deliver gives the seat member of key to this Service's waiter of token.
+// A seat nobody here waits for any more was given to a waiter that left:
+// its leave gives the seat back (leave.lua).
+// It reports whether it did.
+func (s *Service) deliver(key, token, member string, now time.Time) bool {
+	r := &s.waits
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w := r.waiters[waitKey{key, token}]
+	if w == nil || w.done || w.member != member {
+		return false
+	}
+	w.done = true
+	w.seat <- seatMsg{member: member, now: now}
+	return true
+}
+
+// failKey ends every wait of key with err (the store failed).
+func (s *Service) failKey(key string, err error) {
+	r := &s.waits
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for wk, w := range r.waiters {
+		if wk.key == key && !w.done {
+			w.done = true
+			w.fail = err
+			close(w.failed)
+		}
+	}
+}
+
+// recheckLoop is the safety net of this Service's waiters of key (see
+// Waiting in a process); it ends when none is left.
+func (s *Service) recheckLoop(key string, kw *keyWaits) {
+	r := &s.waits
+	for {
+		r.mu.Lock()
+		wait := kw.backoff/2 + rand.N(kw.backoff/2+1)
+		if !kw.earliest.IsZero() {
+			if now, known := s.clock.now(); known {
+				if e := kw.earliest.Sub(time.UnixMicro(now)) + 2*time.Millisecond; e < wait {
+					wait = max(e, time.Millisecond)
+				}
+			}
+		}
+		r.mu.Unlock()
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-kw.nudge:
+		case <-s.closed:
+		}
+		t.Stop()
+		if s.isClosed() {
+			s.failKey(key, &AcquisitionError{Key: key, Reason: ReasonShutdown, Err: errShutdown})
+			r.mu.Lock()
+			if r.keys[key] == kw {
+				delete(r.keys, key)
+			}
+			r.mu.Unlock()
+			return
+		}
+		r.mu.Lock()
+		if kw.n == 0 {
+			if r.keys[key] == kw {
+				delete(r.keys, key)
+			}
+			r.mu.Unlock()
+			return
+		}
+		args := s.settleArgs(key, "mode", "recheck", "capacity", kw.capacity, "procttl", presenceTTL.Milliseconds())
+		// Until the subscription is confirmed, and once after each
+		// confirmation, a recheck also asks for the seats sent meanwhile.
+		asked := int64(-1)
+		if kw.missed || !r.heard {
+			args = append(args, s.membersOf(key)...)
+			if r.heard {
+				asked = r.subSeq
+			}
+		}
+		r.mu.Unlock()
+		sent := time.Now()
+		rep, err := s.runBatched(acquireScript, s.keysFor(key), args...)
+		if err == nil {
+			err = s.afterRecheck(key, kw, rep, sent, asked)
+		}
+		if err != nil {
+			s.log.Warn("semaphore: recheck for waiters failed", "key", key, "err", err)
+			s.failKey(key, &AcquisitionError{Key: key, Reason: ReasonError, Err: err})
+		}
+	}
+}
+
+// membersOf lists the waiting tokens of key and the seats they asked for,
+// as a recheck's "mine" arguments. Caller holds the registry's mu.
+func (s *Service) membersOf(key string) []any {
+	var out []any
+	n := 0
+	for wk, w := range s.waits.waiters {
+		if wk.key != key || w.done {
+			continue // no longer waits
+		}
+		n++
+		out = append(out, "t"+strconv.Itoa(n), w.token, "m"+strconv.Itoa(n), w.member)
+	}
+	return append([]any{"mine", n}, out...)
+}
+
+// afterRecheck hands on what a recheck gave, counts an attempt for each
+// waiter of key, ends the waits that used up their WithMaxAttempts, and
+// sets the next backoff. asked is the subscription's sequence number when
+// the recheck asked for the seats sent meanwhile and the subscription was
+// confirmed (-1 otherwise): once that recheck is answered, no seat was
+// missed, unless the subscription changed since.
+func (s *Service) afterRecheck(key string, kw *keyWaits, rep reply, sent time.Time, asked int64) error {
+	now, err := rep.int("now")
+	if err != nil {
+		return err
+	}
+	earliest, err := rep.int("earliest")
+	if err != nil {
+		return err
+	}
+	s.clock.observeMillis(now, sent, time.Now())
+	s.passOn(key, rep, time.UnixMilli(now))
+	s.rejoin(key, rep.strings("lost"))
+	r := &s.waits
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if asked >= 0 && r.heard && r.subSeq == asked {
+		kw.missed = false
+	}
+	kw.earliest = time.Time{}
+	if earliest > 0 {
+		kw.earliest = time.UnixMilli(earliest)
+	}
+	floor := backoffBase
+	if r.heard {
+		// Seats reach us as messages: the recheck is only the safety net.
+		floor = backoffMax / 4
+	}
+	kw.backoff = min(max(kw.backoff*2, floor), backoffMax)
+	for wk, w := range r.waiters {
+		if wk.key != key || w.done {
+			continue
+		}
+		w.attempts++
+		if n := w.req.cfg.maxAttempts; n > 0 && w.attempts >= n {
+			w.done = true
+			w.fail = &AcquisitionError{Key: key, Reason: ReasonExhausted, Attempts: w.attempts}
+			close(w.failed)
+		}
+	}
+	return nil
+}
+
+// rejoin puts waiters of key that the room dropped (their process was not
+// heard of for long) back among the waiting.
+func (s *Service) rejoin(key string, tokens []string) {
+	for _, token := range tokens {
+		s.waits.mu.Lock()
+		w := s.waits.waiters[waitKey{key, token}]
+		// It got its seat meanwhile (and may have run already), or its
+		// first call is still on its way.
+		gone := w == nil || w.done || !w.joined
+		s.waits.mu.Unlock()
+		if gone {
+			continue
+		}
+		s.log.Warn("semaphore: a waiter was dropped while this process was not heard of; it waits again", "key", key)
+		if p, _, err := s.ask(w.req, w, "join"); err != nil {
+			s.log.Warn("semaphore: rejoin the waiting", "key", key, "err", err)
+		} else if p != nil {
+			s.deliverPermit(w, p)
+		}
+	}
+}
+
+// deliverPermit hands w a seat a call of its own got for it.
+func (s *Service) deliverPermit(w *waiter, p *Permit) {
+	if !s.deliver(w.req.key, w.token, p.member, p.AcquiredAt()) {
+		s.giveBack(p)
+	}
+}
+
+// attemptsOf is how many store calls were made for w.
+func (s *Service) attemptsOf(w *waiter) int {
+	s.waits.mu.Lock()
+	defer s.waits.mu.Unlock()
+	return w.attempts
+}
+
+// listen subscribes to this Service's seat channel and reads it until the
+// Service closes. Seats sent before the subscription was confirmed, or
+// while it was cut, are asked for again by the next recheck.
+func (s *Service) listen() {
+	r := &s.waits
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		<-s.closed
+		cancel()
+	}()
+	ps := s.rdb.Subscribe(ctx, s.seatPrefix()+s.id)
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		_ = ps.Close()
+		return
+	}
+	r.ps = ps
+	r.mu.Unlock()
+	retry := backoffBase
+	for {
+		msg, err := ps.Receive(ctx)
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			r.mu.Lock()
+			r.heard = m.Kind == "subscribe"
+			r.subSeq++
+			r.markMissed()
+			r.mu.Unlock()
+			retry = backoffBase
+			s.nudgeAll()
+			continue
+		case *redis.Message:
+			if key, token, member, now, ok := parseSeatMessage(m.Payload); ok {
+				_ = s.deliver(key, token, member, now) // a waiter that left gives its seat back as it leaves
+			} else {
+				s.log.Warn("semaphore: a seat message this build cannot read", "payload", m.Payload)
+			}
+			continue
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil && !errors.Is(err, redis.ErrClosed) {
+			r.mu.Lock()
+			wasHeard := r.heard
+			r.heard = false
+			r.subSeq++
+			r.markMissed()
+			r.mu.Unlock()
+			if wasHeard {
+				s.log.Warn("semaphore: seat channel lost; waiters recheck until it is back", "err", err)
+			}
+			select {
+			case <-time.After(retry):
+			case <-ctx.Done():
+				return
+			}
+			retry = min(2*retry, backoffMax)
+		}
+	}
+}
+
+// markMissed notes that seats may have been sent while the subscription
+// was not confirmed: every key's next recheck asks for them. Caller holds
+// mu.
+func (r *waitRegistry) markMissed() {
+	for _, kw := range r.keys {
+		kw.missed = true
+	}
+}
+
+// nudgeAll makes every recheck loop look now.
+func (s *Service) nudgeAll() {
+	r := &s.waits
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, kw := range r.keys {
+		kw.backoff = backoffBase
+		select {
+		case kw.nudge <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// stopListening closes the subscription (Close calls it).
+func (s *Service) stopListening() {
+	r := &s.waits
+	r.mu.Lock()
+	ps := r.ps
+	r.ps, r.heard, r.closed = nil, false, true
+	r.mu.Unlock()
+	if ps != nil {
+		_ = ps.Close() // only closes our own subscription connection
+	}
+}
+
+// parseSeatMessage reads a seat message (seatMessage in room.lua): key,
+// token and member, each after its length and a colon, then the server's
+// time in ms.
+func parseSeatMessage(p string) (key, token, member string, now time.Time, ok bool) {
+	var parts [3]string
+	for i := range parts {
+		var n int
+		if n, p, ok = cutLength(p); !ok || n > len(p) {
+			return "", "", "", time.Time{}, false
+		}
+		parts[i], p = p[:n], p[n:]
+	}
+	ms, err := strconv.ParseInt(p, 10, 64)
+	if err != nil {
+		return "", "", "", time.Time{}, false
+	}
+	return parts[0], parts[1], parts[2], time.UnixMilli(ms), true
+}
+
+// cutLength reads "<n>:" at the start of p.
+func cutLength(p string) (int, string, bool) {
+	for i := 0; i < len(p); i++ {
+		if p[i] == ':' {
+			n, err := strconv.Atoi(p[:i])
+			return n, p[i+1:], err == nil && n >= 0
+		}
+	}
+	return 0, p, false
+}
