@@ -13,7 +13,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/fleetcap/fleetcap/internal/fleettest"
+	"github.com/fleetcap/fleetcap/internal/testutil/fleettest"
 )
 
 // startFleetTypes is startFleet with several probe task types, each with

@@ -12,7 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fleetcap/fleetcap/internal/probeworker/probe"
+	"github.com/fleetcap/fleetcap/internal/testutil/probeworker/probe"
 )
 
 // runS5 is fleet growth: one capped task type in requeue mode, served by 1,

@@ -16,7 +16,7 @@ import (
 
 	"github.com/fleetcap/fleetcap/config"
 	"github.com/fleetcap/fleetcap/internal/layout"
-	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
 	"github.com/fleetcap/fleetcap/producer"
 	"github.com/fleetcap/fleetcap/tasks"
 	"github.com/fleetcap/fleetcap/worker"

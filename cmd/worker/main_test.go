@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/fleetcap/fleetcap/internal/layout"
-	"github.com/fleetcap/fleetcap/internal/redistest"
-	"github.com/fleetcap/fleetcap/internal/syncbuf"
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/syncbuf"
 )
 
 func writeConfig(t *testing.T, content string) string {
