@@ -495,13 +495,14 @@ func TestProducerLinksOnlyWhatEnqueueingNeeds(t *testing.T) {
 func TestProducerRefusesAnotherLayout(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	other, err := layout.Claim(ctx, e.srv.Client(), layout.Options{Role: "worker", Version: 3})
+	newer := layout.Version + 1
+	other, err := layout.Claim(ctx, e.srv.Client(), layout.Options{Role: "worker", Version: newer})
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, err = e.p.Enqueue(ctx, tasks.TypeReportFetch, []byte(acme))
-	if !errors.As(err, new(*worker.LayoutError)) ||
-		!strings.Contains(err.Error(), "this build speaks Redis layout 2, but 1 process(es) of layout 3 hold a live lease in fleetcap:layout ("+other.Name()+")") {
+	if !errors.As(err, new(*worker.LayoutError)) || !strings.Contains(err.Error(),
+		fmt.Sprintf("this build speaks Redis layout %d, but 1 process(es) of layout %d hold a live lease in fleetcap:layout (%s)", layout.Version, newer, other.Name())) {
 		t.Fatalf("Enqueue: err = %v, want a *worker.LayoutError", err)
 	}
 	if qs, err := e.insp.Queues(); err != nil || len(qs) != 0 {
@@ -511,11 +512,11 @@ func TestProducerRefusesAnotherLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = e.p.Enqueue(ctx, tasks.TypeReportFetch, []byte(acme))
-	if err == nil || !strings.Contains(err.Error(), "the data on this Redis is in layout 3") {
-		t.Fatalf("Enqueue on layout 3's data: err = %v", err)
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("the data on this Redis is in layout %d", newer)) {
+		t.Fatalf("Enqueue on layout %d's data: err = %v", newer, err)
 	}
 	e.srv.Client().Del(ctx, layout.Key)
 	if _, err := e.p.Enqueue(ctx, tasks.TypeReportFetch, []byte(acme)); err != nil {
-		t.Fatalf("Enqueue once layout 3 is gone: %v", err)
+		t.Fatalf("Enqueue once layout %d is gone: %v", newer, err)
 	}
 }

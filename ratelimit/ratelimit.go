@@ -20,6 +20,8 @@ import (
 
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetcap/fleetcap/internal/rediskey"
 )
 
 // DefaultPrefix starts every rate-limit key this package writes, after the
@@ -208,18 +210,15 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 }
 
 // RedisKey is the Redis key that holds key's state, as redis_rate writes
-// it: "rate:" + prefix + "{" + key + "}", with "%", "{" and "}" of key
-// percent-encoded so that the whole key is the hash tag on a Cluster.
+// it: "rate:" + prefix + "{" + key + "}", with "%" and "}" of key
+// percent-encoded (rediskey.HashTag) so that the whole key is the hash tag
+// on a Cluster.
 func (l *Limiter) RedisKey(key string) string { return "rate:" + l.redisKey(key) }
 
 // redisKey is RedisKey without redis_rate's "rate:".
 func (l *Limiter) redisKey(key string) string {
-	return l.prefix + "{" + tagEscaper.Replace(key) + "}"
+	return l.prefix + "{" + rediskey.HashTag(key) + "}"
 }
-
-// tagEscaper percent-encodes the characters that would end a hash tag early
-// (and "%" itself, so that two keys never share an escaped form).
-var tagEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
 
 // remaining is how many tokens may be taken at once when the key's TAT lies
 // ahead of the server's now by ahead (redis_rate's ResetAfter). redis_rate's

@@ -37,6 +37,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/fleetcap/fleetcap/internal/rediskey"
 )
 
 //go:embed lua/*.lua
@@ -165,14 +167,14 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 }
 
 // keys are the Redis keys of one semaphore; they share the hash tag {key}
-// (see hashTag). A holder's label travels inside its member of holders
+// (see rediskey.HashTag). A holder's label travels inside its member of holders
 // (see member). The last five are the waiting room (lua/room.lua).
 type keys struct {
 	holders, queue, qexp, parked, standby, since, room, aside string
 }
 
 func (s *Service) keysFor(key string) keys {
-	base := s.prefix + "{" + hashTag(key) + "}:"
+	base := s.prefix + "{" + rediskey.HashTag(key) + "}:"
 	return keys{holders: base + "holders", queue: base + "queue", qexp: base + "qexp",
 		parked: base + "parked", standby: base + "standby", since: base + "since", room: base + "room",
 		aside: base + "aside"}
@@ -182,16 +184,6 @@ func (s *Service) keysFor(key string) keys {
 func (k keys) all() []string {
 	return []string{k.holders, k.queue, k.qexp, k.parked, k.standby, k.since, k.room, k.aside}
 }
-
-// tagEscaper makes any key a valid hash tag: Redis Cluster hashes what
-// stands between the first "{" and the next "}" (when not empty), so the
-// tag must hold no "}". "%" is escaped too, so that two keys never share a
-// tag.
-var tagEscaper = strings.NewReplacer("%", "%25", "}", "%7D")
-
-// hashTag is key as it stands inside the hash tag of its Redis keys: the
-// key itself unless it holds "}" or "%".
-func hashTag(key string) string { return tagEscaper.Replace(key) }
 
 // member is a permit's member of the holders ZSET: its id, and its label
 // after a newline when it has one (ids are hex, so the first newline ends

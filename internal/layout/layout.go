@@ -4,10 +4,17 @@
 // layout at a time, so that no process fails with WRONGTYPE on another
 // build's key or misreads its data (SPEC §2.12).
 //
-// This build speaks layout 2 (Version). Layout 1 is that of the builds from
-// before 46ae4d4, which recorded no version: their waiting room of a key,
-// <semaphore.prefix>{<key>}:parked, was a LIST, where layout 2 keeps a
-// ZSET under the same name.
+// This build speaks layout 3 (Version). The layouts, and what each
+// changed:
+//   - 1, the builds from before 46ae4d4, which recorded no version: the
+//     waiting room of a key, <semaphore.prefix>{<key>}:parked, was a LIST.
+//   - 2: that room is a ZSET under the same name.
+//   - 3: the hash tag of a rate limit's keys escapes the key as a
+//     semaphore's does (internal/rediskey.HashTag): a "{" in the key stays
+//     as it is, where layout 2 wrote "%7B" (the tokens of key "a{b" were
+//     rate:fleetcap:{a%7Bb}). Layout 2's rate-limit keys expire by
+//     themselves: nothing of it outlives its processes that layout 3
+//     would misread.
 //
 // The record is one Redis hash, fleetcap:layout (Key), without a TTL. Its
 // field "version" is the layout the fleet's data is in; a field
@@ -56,7 +63,7 @@ import (
 )
 
 // Version is the Redis layout this build speaks.
-const Version = 2
+const Version = 3
 
 // Key is the Redis hash that records the layout and its live processes.
 const Key = "fleetcap:layout"
