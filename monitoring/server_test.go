@@ -101,7 +101,7 @@ func newFixture(t *testing.T, fo fixtureOptions) *fixture {
 		}
 	}
 	if fo.overrides {
-		if f.store, err = control.NewStore(rdb, control.Options{Key: "test:control"}); err != nil {
+		if f.store, err = control.NewStore(rdb, control.Options{Prefix: "test:"}); err != nil {
 			t.Fatal(err)
 		}
 		reader, err := control.NewReader(context.Background(), f.store, control.ReaderOptions{Logger: logger})

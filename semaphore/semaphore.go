@@ -80,7 +80,7 @@ var (
 
 // Defaults of Options.
 const (
-	DefaultPrefix = "fleetcap:sem:"
+	DefaultPrefix = rediskey.DefaultPrefix // "fleetcap:sem:"
 	DefaultTTL    = 30 * time.Second
 )
 
@@ -133,10 +133,8 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 	if opts.Prefix == "" {
 		opts.Prefix = DefaultPrefix
 	}
-	if strings.ContainsAny(opts.Prefix, "{}") {
-		// Every key of a semaphore carries the hash tag of its name; a
-		// brace in the prefix would make the prefix the tag instead.
-		return nil, fmt.Errorf("semaphore: New: Prefix must not contain { or }, got %q", opts.Prefix)
+	if err := rediskey.CheckPrefix(opts.Prefix); err != nil {
+		return nil, fmt.Errorf("semaphore: New: Prefix %w", err)
 	}
 	if opts.DefaultTTL == 0 {
 		opts.DefaultTTL = DefaultTTL

@@ -350,7 +350,7 @@ func (l *logCapture) exhausted() []string {
 // the test ends, and returns the client.
 func (s *seam) serveThrough(maxIdle time.Duration, h asynq.HandlerFunc, logger asynq.Logger) *asynqx.ServerClient {
 	rdb := redis.NewClient(&redis.Options{Addr: s.srv.Addr(), ContextTimeoutEnabled: true})
-	c := asynqx.NewServerClient(rdb, []string{"q"}, maxIdle, slog.Default())
+	c := asynqx.NewServerClient(rdb, "test:", []string{"q"}, maxIdle, slog.Default())
 	srv := asynq.NewServerFromRedisClient(c, asynq.Config{
 		Concurrency:              2,
 		Queues:                   map[string]int{"q": 1},

@@ -169,6 +169,47 @@ func TestLayout1ListsRefuse(t *testing.T) {
 	claim(t, rdb, opts)
 }
 
+// TestOldOverridesRefuse: taking over from layout 2 (or 1), whose runtime
+// overrides lived in fleetcap:control whatever the prefix, a claim is
+// refused while that hash holds any, with where they go now and how, and
+// writes nothing; once they are moved it starts. A fleet of prefix
+// "fleetcap:" reads that very hash, and once layout 3 is recorded the hash
+// is such a fleet's, not old data.
+func TestOldOverridesRefuse(t *testing.T) {
+	rdb := redistest.Start(t).Client()
+	ctx := context.Background()
+	opts := Options{Role: "worker", SemaphorePrefix: "fleetcap:sem:"}
+	rdb.HSet(ctx, OldOverridesKey, "capacity:legacy-api", "0", "rate:stripe", `{"rate":5,"per":"1s","burst":5}`)
+	rdb.HSet(ctx, Key, "version", "2")
+	before := record(t, rdb)
+	le := refused(t, rdb, opts, fmt.Sprintf("this build speaks Redis layout %d, but fleetcap:control holds 2 runtime override(s) of layout 2", Version),
+		"this build reads this fleet's from fleetcap:sem:control", "Once every process of layout 2 is stopped",
+		"RENAME fleetcap:control fleetcap:sem:control", "DEL fleetcap:control")
+	if le.Found != "2" || le.Overrides == nil || *le.Overrides != (Overrides{Key: OldOverridesKey, Fields: 2, MoveTo: "fleetcap:sem:control"}) {
+		t.Errorf("error = %+v, overrides %+v", le, le.Overrides)
+	}
+	if after := record(t, rdb); fmt.Sprint(after) != fmt.Sprint(before) || rdb.HLen(ctx, OldOverridesKey).Val() != 2 {
+		t.Errorf("a refused claim wrote: %v, then %v", before, after)
+	}
+	// Layout 2 itself reads them there; so does a fleet of prefix "fleetcap:".
+	if err := claim(t, rdb, Options{Role: "worker", SemaphorePrefix: "fleetcap:sem:", Version: 2}).Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := claim(t, rdb, Options{Role: "worker", SemaphorePrefix: "fleetcap:"}).Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Now layout 3 is recorded: fleetcap:control is the "fleetcap:" fleet's.
+	claim(t, rdb, opts)
+
+	// Without a record (the builds before 46ae4d4) it refuses as well.
+	rdb.Del(ctx, Key)
+	refused(t, rdb, opts, "fleetcap:control holds 2 runtime override(s) of layout 1")
+	if err := rdb.Rename(ctx, OldOverridesKey, "fleetcap:sem:control").Err(); err != nil {
+		t.Fatal(err)
+	}
+	claim(t, rdb, opts)
+}
+
 // TestRenewals: a live process's lease is renewed by the server's clock
 // until Close, which gives it back; a renewal after the record was lost
 // writes it again.
@@ -233,6 +274,9 @@ func TestOnAClusterAndOnMiniredis(t *testing.T) {
 			if err := old.Close(); err != nil {
 				t.Fatal(err)
 			}
+			rdb.HSet(ctx, OldOverridesKey, "capacity:k1", "0")
+			refused(t, rdb, opts, "fleetcap:control holds 1 runtime override(s) of layout 2")
+			rdb.Del(ctx, OldOverridesKey)
 			claim(t, rdb, opts)
 			if got := record(t, rdb)["version"]; got != strconv.Itoa(Version) {
 				t.Errorf("version = %q", got)
