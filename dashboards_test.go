@@ -18,8 +18,8 @@ import (
 	"github.com/prometheus/common/model"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/fleetcap/fleetcap/internal/redistest"
-	"github.com/fleetcap/fleetcap/internal/waitfor"
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
 )
 
 // Where the dashboard and the alert rules live.

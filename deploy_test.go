@@ -15,7 +15,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
 )
 
 // reportConfig is a fleet config serving report:fetch under the cap

@@ -14,8 +14,8 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/fleetcap/fleetcap/internal/redistest"
-	"github.com/fleetcap/fleetcap/internal/waitfor"
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
 )
 
 // terminate sends SIGTERM and waits up to within for the process to exit;

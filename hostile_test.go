@@ -16,9 +16,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fleetcap/fleetcap/internal/redistest"
-	"github.com/fleetcap/fleetcap/internal/syncbuf"
-	"github.com/fleetcap/fleetcap/internal/waitfor"
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/syncbuf"
+	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
 )
 
 // runCmd runs a command to its end (at most 60 s) and returns its exit

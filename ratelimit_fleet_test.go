@@ -12,8 +12,8 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/fleetcap/fleetcap/internal/redistest"
-	"github.com/fleetcap/fleetcap/internal/waitfor"
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
 	"github.com/fleetcap/fleetcap/monitoring"
 	"github.com/fleetcap/fleetcap/worker"
 )

@@ -11,8 +11,8 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/fleetcap/fleetcap/internal/redistest"
-	"github.com/fleetcap/fleetcap/internal/waitfor"
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
 )
 
 // TestStackedCapsKeepTheirPlace: a task with a shared cap and a tenant cap

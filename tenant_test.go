@@ -13,7 +13,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/fleetcap/fleetcap/internal/fleettest"
+	"github.com/fleetcap/fleetcap/internal/testutil/fleettest"
 )
 
 // startFleetTypes is startFleet with several probe task types, each with
@@ -343,7 +343,10 @@ func TestIdleKeysExpire(t *testing.T) {
 	ctx := context.Background()
 	rdb := f.srv.Client()
 	semKeys := func() []string {
-		keys, err := rdb.Keys(ctx, "fleetcap:sem:*").Result()
+		// The semaphores' keys: the prefix then the hash tag (the fleet's
+		// other keys, such as the watches of its idle queues, do not lapse
+		// while it idles).
+		keys, err := rdb.Keys(ctx, "fleetcap:sem:{*").Result()
 		if err != nil {
 			t.Error(err)
 		}

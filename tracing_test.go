@@ -20,8 +20,8 @@ import (
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/fleetcap/fleetcap/internal/redistest"
-	"github.com/fleetcap/fleetcap/internal/waitfor"
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
 	"github.com/fleetcap/fleetcap/producer"
 	"github.com/fleetcap/fleetcap/tasks"
 	"github.com/fleetcap/fleetcap/worker"

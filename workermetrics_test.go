@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fleetcap/fleetcap/internal/metricstest"
-	"github.com/fleetcap/fleetcap/internal/redistest"
-	"github.com/fleetcap/fleetcap/internal/waitfor"
+	"github.com/fleetcap/fleetcap/internal/testutil/metricstest"
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
 )
 
 // readmeKeptNames are the metric names that the README's paragraph on

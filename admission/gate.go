@@ -74,7 +74,7 @@ func (g *Gate) open(ctx context.Context) error {
 		return errors.Join(err, lease.Close(), rdb.Close())
 	}
 	k.SetSemaphore(sem)
-	overrides, err := OpenOverrides(ctx, rdb, g.log)
+	overrides, err := OpenOverrides(ctx, rdb, g.cfg.Semaphore.Prefix, g.log)
 	if err != nil {
 		return errors.Join(err, lease.Close(), sem.Close(), rdb.Close())
 	}
@@ -179,10 +179,11 @@ func (g *Gate) Route(ctx context.Context, taskType string, payload []byte, queue
 	return Route{g: g, token: token, kept: caps}, nil
 }
 
-// OpenOverrides reads the operators' runtime overrides on rdb (package
-// control) and keeps them current.
-func OpenOverrides(ctx context.Context, rdb redis.UniversalClient, log *slog.Logger) (*control.Reader, error) {
-	store, err := control.NewStore(rdb, control.Options{})
+// OpenOverrides reads the operators' runtime overrides of the fleet of
+// prefix (its semaphore.prefix) on rdb (package control) and keeps them
+// current.
+func OpenOverrides(ctx context.Context, rdb redis.UniversalClient, prefix string, log *slog.Logger) (*control.Reader, error) {
+	store, err := control.NewStore(rdb, control.Options{Prefix: prefix})
 	if err != nil {
 		return nil, err
 	}

@@ -17,8 +17,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetcap/fleetcap/config"
-	"github.com/fleetcap/fleetcap/internal/fleettest"
-	"github.com/fleetcap/fleetcap/internal/probeworker/probe"
+	"github.com/fleetcap/fleetcap/internal/testutil/fleettest"
+	"github.com/fleetcap/fleetcap/internal/testutil/probeworker/probe"
 	"github.com/fleetcap/fleetcap/producer"
 )
 

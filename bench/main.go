@@ -18,7 +18,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
 	"github.com/redis/go-redis/v9"
 )
 

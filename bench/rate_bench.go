@@ -6,7 +6,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/fleetcap/fleetcap/internal/probeworker/probe"
+	"github.com/fleetcap/fleetcap/internal/testutil/probeworker/probe"
 )
 
 // runS8 is rate-limit accuracy: 3 processes of 10 slots share a limit of

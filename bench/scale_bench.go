@@ -11,7 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fleetcap/fleetcap/internal/probeworker/probe"
+	"github.com/fleetcap/fleetcap/internal/testutil/probeworker/probe"
 )
 
 // typeNoop is S7's uncapped task type, served by the probe worker beside

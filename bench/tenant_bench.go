@@ -12,7 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fleetcap/fleetcap/internal/probeworker/probe"
+	"github.com/fleetcap/fleetcap/internal/testutil/probeworker/probe"
 )
 
 // runS5 is fleet growth: one capped task type in requeue mode, served by 1,
@@ -152,10 +152,11 @@ func runS6(ctx context.Context, env *benchEnv) error {
 	if err != nil {
 		return err
 	}
-	// Keys the run left: every semaphore key (its prefix) must expire;
+	// Keys the run left: every semaphore key (its prefix, then its hash
+	// tag; the fleet's idle watches share the prefix) must expire;
 	// asynq's per-queue counters stay (one queue, not one per tenant) and
 	// are reported apart.
-	semAtEnd, err := countKeys(ctx, r.mainRDB, prefix+"*")
+	semAtEnd, err := countKeys(ctx, r.mainRDB, prefix+"{*")
 	if err != nil {
 		return err
 	}
@@ -163,7 +164,7 @@ func runS6(ctx context.Context, env *benchEnv) error {
 	var kept, other []string
 	deadline := ended.Add(ttl + 10*time.Second)
 	for {
-		if semLeft, err = countKeys(ctx, r.mainRDB, prefix+"*"); err != nil {
+		if semLeft, err = countKeys(ctx, r.mainRDB, prefix+"{*"); err != nil {
 			return err
 		}
 		now, err := keySet(ctx, r.mainRDB)

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"slices"
 	"time"
+
+	"github.com/fleetcap/fleetcap/internal/rediskey"
 )
 
 // Config is the whole of config.yaml. Each section maps 1:1 to a struct below;
@@ -92,7 +94,11 @@ type WorkerConfig struct {
 
 // SemaphoreConfig configures the fleet-wide semaphore service.
 type SemaphoreConfig struct {
-	// Prefix starts every semaphore key in Redis; default "fleetcap:sem:".
+	// Prefix starts every Redis key the fleet owns: its semaphores, its
+	// runtime overrides, its rate limits and the watches of its idle
+	// queues (internal/rediskey lists them); default "fleetcap:sem:".
+	// Fleets with different prefixes share a Redis without seeing each
+	// other's keys (asynq's own keys they keep apart by their queues).
 	Prefix string `yaml:"prefix"`
 	// DefaultTTL is the lease of a cap that sets no ttl (at least 1ms);
 	// default 30s, also when 0 in code.
@@ -207,7 +213,7 @@ const (
 	DefaultConcurrency     = 10
 	DefaultQueue           = "default"
 	DefaultShutdownTimeout = 8 * time.Second
-	DefaultSemaphorePrefix = "fleetcap:sem:"
+	DefaultSemaphorePrefix = rediskey.DefaultPrefix // "fleetcap:sem:"
 	DefaultSemaphoreTTL    = 30 * time.Second
 	DefaultMonitoringAddr  = "127.0.0.1:8080"
 	DefaultMaxRetry        = 25

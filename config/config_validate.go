@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/fleetcap/fleetcap/internal/rediskey"
 )
 
 // validate checks a config with its defaults applied. It reports every
@@ -97,8 +99,8 @@ func (c *Config) validateWorker(v *validator) {
 
 func (c *Config) validateSemaphore(v *validator) {
 	s := c.Semaphore
-	if strings.ContainsAny(s.Prefix, "{}") {
-		v.add("semaphore.prefix", "must not contain \"{\" or \"}\" (they would break the keys' hash tag), got %q", s.Prefix)
+	if err := rediskey.CheckPrefix(s.Prefix); err != nil {
+		v.add("semaphore.prefix", "%v", err)
 	}
 	if s.DefaultTTL < minTTL {
 		v.add("semaphore.default_ttl", "must be at least %s, got %s", minTTL, s.DefaultTTL)

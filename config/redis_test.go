@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fleetcap/fleetcap/internal/redistest"
-	"github.com/fleetcap/fleetcap/internal/tcpproxy"
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/tcpproxy"
 	"github.com/fleetcap/fleetcap/semaphore"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"

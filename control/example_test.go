@@ -17,7 +17,7 @@ func ExampleReader_CapacityFor() {
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
 	defer rdb.Close()
 	ctx := context.Background()
-	store, err := control.NewStore(rdb, control.Options{Key: "example:control"})
+	store, err := control.NewStore(rdb, control.Options{Prefix: "example:"})
 	if err != nil {
 		panic(err)
 	}
@@ -63,7 +63,7 @@ func ExampleStore_SetRate() {
 	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
 	defer rdb.Close()
 	ctx := context.Background()
-	store, err := control.NewStore(rdb, control.Options{Key: "example:control:rates"})
+	store, err := control.NewStore(rdb, control.Options{Prefix: "example:rates:"})
 	if err != nil {
 		panic(err)
 	}

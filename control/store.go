@@ -8,7 +8,8 @@
 // ("tenant:acme") or a template itself ("tenant:{tenant_id}", every key it
 // renders); the rendered key's own override wins over its template's, and
 // both over the config. The overrides live in one Redis hash without
-// expiry, so they survive worker restarts until cleared.
+// expiry, so they survive worker restarts until cleared: the hash
+// <prefix>control of the fleet's prefix (config semaphore.prefix).
 package control
 
 import (
@@ -22,11 +23,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/fleetcap/fleetcap/internal/rediskey"
 	"github.com/fleetcap/fleetcap/ratelimit"
 )
-
-// DefaultKey is the Redis hash that holds the overrides.
-const DefaultKey = "fleetcap:control"
 
 // MaxKeyLen bounds an overridden key, as a rendered key is bounded.
 const MaxKeyLen = 1024
@@ -39,8 +38,12 @@ const (
 
 // Options configures NewStore.
 type Options struct {
-	// Key is the Redis hash holding the overrides; default DefaultKey.
-	Key string
+	// Prefix is the fleet's key prefix (config semaphore.prefix): the
+	// overrides live in the hash Prefix+"control", announced on
+	// Prefix+"control:changed"; default rediskey.DefaultPrefix,
+	// "fleetcap:sem:" (the hash fleetcap:sem:control). It must not
+	// contain "{" or "}", as a fleet's prefix.
+	Prefix string
 }
 
 // Store writes and reads the overrides in Redis. It is safe for
@@ -55,10 +58,13 @@ func NewStore(rdb redis.UniversalClient, opts Options) (*Store, error) {
 	if rdb == nil {
 		return nil, errors.New("control: NewStore: nil Redis client")
 	}
-	if opts.Key == "" {
-		opts.Key = DefaultKey
+	if opts.Prefix == "" {
+		opts.Prefix = rediskey.DefaultPrefix
 	}
-	return &Store{rdb: rdb, key: opts.Key}, nil
+	if err := rediskey.CheckPrefix(opts.Prefix); err != nil {
+		return nil, fmt.Errorf("control: NewStore: Prefix %w", err)
+	}
+	return &Store{rdb: rdb, key: rediskey.Control(opts.Prefix)}, nil
 }
 
 // Key is the Redis hash holding the overrides.

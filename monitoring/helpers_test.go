@@ -9,7 +9,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/fleetcap/fleetcap/internal/metricstest"
+	"github.com/fleetcap/fleetcap/internal/testutil/metricstest"
 )
 
 // families indexes what g gathers by metric name.

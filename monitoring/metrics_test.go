@@ -9,7 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
 	"github.com/fleetcap/fleetcap/ratelimit"
 	"github.com/fleetcap/fleetcap/semaphore"
 )

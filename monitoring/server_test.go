@@ -18,8 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fleetcap/fleetcap/control"
-	"github.com/fleetcap/fleetcap/internal/redistest"
-	"github.com/fleetcap/fleetcap/internal/syncbuf"
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/syncbuf"
 	"github.com/fleetcap/fleetcap/ratelimit"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
@@ -101,7 +101,7 @@ func newFixture(t *testing.T, fo fixtureOptions) *fixture {
 		}
 	}
 	if fo.overrides {
-		if f.store, err = control.NewStore(rdb, control.Options{Key: "test:control"}); err != nil {
+		if f.store, err = control.NewStore(rdb, control.Options{Prefix: "test:"}); err != nil {
 			t.Fatal(err)
 		}
 		reader, err := control.NewReader(context.Background(), f.store, control.ReaderOptions{Logger: logger})

@@ -16,7 +16,7 @@ import (
 
 	"github.com/fleetcap/fleetcap/config"
 	"github.com/fleetcap/fleetcap/internal/layout"
-	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
 	"github.com/fleetcap/fleetcap/producer"
 	"github.com/fleetcap/fleetcap/tasks"
 	"github.com/fleetcap/fleetcap/worker"
@@ -74,6 +74,22 @@ func newEnv(t *testing.T, opts ...producer.Option) *env {
 	insp := asynq.NewInspector(asynq.RedisClientOpt{Addr: srv.Addr()})
 	t.Cleanup(func() { _ = insp.Close() })
 	return &env{srv: srv, p: p, insp: insp, spans: rec}
+}
+
+// newProducerOf is a producer of the config yaml, closed at the test's
+// end.
+func newProducerOf(t *testing.T, yaml []byte, opts ...producer.Option) *producer.Producer {
+	t.Helper()
+	cfg, err := config.ParseConfig(yaml)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := producer.New(cfg, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
 }
 
 func (e *env) task(t *testing.T, queue, id string) *asynq.TaskInfo {
@@ -250,7 +266,7 @@ func TestUnrenderableRateKeyIsRefused(t *testing.T) {
 // does not declare is unknown, even one of package tasks.
 func TestEveryDeclaredTypeEnqueues(t *testing.T) {
 	srv := redistest.Start(t)
-	cfg, err := config.ParseConfig(fmt.Appendf(nil, `
+	p := newProducerOf(t, fmt.Appendf(nil, `
 redis: {url: %q}
 worker:
   queues: {default: 1, critical: 3}
@@ -261,14 +277,6 @@ tasks:
     semaphore: {key: "account:{account_id}", capacity: 1}
   image:resize: {}
 `, srv.URL()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := producer.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
 	ctx := context.Background()
 	for _, c := range []struct{ typ, payload, queue string }{
 		{"invoice:sync", `{"account_id":"a"}`, "critical"},
@@ -431,19 +439,11 @@ func TestGateOpensOnceRedisIsBack(t *testing.T) {
 // defect 9.)
 func TestFailedEnqueueGivesItsPlacesBack(t *testing.T) {
 	srv := redistest.Start(t)
-	cfg, err := config.ParseConfig([]byte(fmt.Sprintf(`redis: {url: %q}
+	p := newProducerOf(t, fmt.Appendf(nil, `redis: {url: %q}
 tasks:
   job:
     semaphore: {key: scarce, capacity: 2}
-`, srv.URL())))
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := producer.New(cfg, producer.WithValidator("job", func([]byte) error { return nil }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+`, srv.URL()), producer.WithValidator("job", func([]byte) error { return nil }))
 	ctx := context.Background()
 	if _, err := p.Enqueue(ctx, "job", []byte(`{}`), asynq.TaskID("one"), asynq.Unique(time.Hour)); err != nil {
 		t.Fatal(err)
@@ -495,13 +495,14 @@ func TestProducerLinksOnlyWhatEnqueueingNeeds(t *testing.T) {
 func TestProducerRefusesAnotherLayout(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	other, err := layout.Claim(ctx, e.srv.Client(), layout.Options{Role: "worker", Version: 3})
+	newer := layout.Version + 1
+	other, err := layout.Claim(ctx, e.srv.Client(), layout.Options{Role: "worker", Version: newer})
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, err = e.p.Enqueue(ctx, tasks.TypeReportFetch, []byte(acme))
-	if !errors.As(err, new(*worker.LayoutError)) ||
-		!strings.Contains(err.Error(), "this build speaks Redis layout 2, but 1 process(es) of layout 3 hold a live lease in fleetcap:layout ("+other.Name()+")") {
+	if !errors.As(err, new(*worker.LayoutError)) || !strings.Contains(err.Error(),
+		fmt.Sprintf("this build speaks Redis layout %d, but 1 process(es) of layout %d hold a live lease in fleetcap:layout (%s)", layout.Version, newer, other.Name())) {
 		t.Fatalf("Enqueue: err = %v, want a *worker.LayoutError", err)
 	}
 	if qs, err := e.insp.Queues(); err != nil || len(qs) != 0 {
@@ -511,11 +512,40 @@ func TestProducerRefusesAnotherLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = e.p.Enqueue(ctx, tasks.TypeReportFetch, []byte(acme))
-	if err == nil || !strings.Contains(err.Error(), "the data on this Redis is in layout 3") {
-		t.Fatalf("Enqueue on layout 3's data: err = %v", err)
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("the data on this Redis is in layout %d", newer)) {
+		t.Fatalf("Enqueue on layout %d's data: err = %v", newer, err)
 	}
 	e.srv.Client().Del(ctx, layout.Key)
 	if _, err := e.p.Enqueue(ctx, tasks.TypeReportFetch, []byte(acme)); err != nil {
-		t.Fatalf("Enqueue once layout 3 is gone: %v", err)
+		t.Fatalf("Enqueue once layout %d is gone: %v", newer, err)
+	}
+}
+
+// TestProducerReadsItsFleetsOverrides: a producer's gate reads the
+// runtime overrides of its own fleet, <semaphore.prefix>control: a cap
+// paused in fleet A makes A's producer enqueue a task to wait, while the
+// producer of fleet B, whose prefix differs, on the same Redis, sends its
+// task of the same key to its queue.
+func TestProducerReadsItsFleetsOverrides(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	if err := srv.Client().HSet(ctx, "fleetA:control", "capacity:account:{account_id}", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	insp := asynq.NewInspector(asynq.RedisClientOpt{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = insp.Close() })
+	for prefix, want := range map[string]asynq.TaskState{"fleetA:": asynq.TaskStateScheduled, "fleetB:": asynq.TaskStatePending} {
+		p := newProducerOf(t, fmt.Appendf(nil, testConfig+"semaphore: {prefix: %q}\n", srv.URL(), prefix))
+		info, err := p.Enqueue(ctx, "invoice:sync", []byte(`{"account_id":"a1"}`))
+		if err != nil {
+			t.Fatalf("fleet %s: %v", prefix, err)
+		}
+		got, err := insp.GetTaskInfo(info.Queue, info.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State != want {
+			t.Errorf("fleet %s: the task is %s, want %s", prefix, got.State, want)
+		}
 	}
 }

@@ -3,7 +3,7 @@ package ratelimit_test
 import (
 	"testing"
 
-	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
 )
 
 // redisAddr is a private redis-server for the examples, started by TestMain.

@@ -15,17 +15,20 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strings"
 	"time"
 
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetcap/fleetcap/internal/rediskey"
 )
 
 // DefaultPrefix starts every rate-limit key this package writes, after the
 // "rate:" that redis_rate puts first: key "stripe" lives at
-// "rate:fleetcap:{stripe}".
-const DefaultPrefix = "fleetcap:"
+// "rate:fleetcap:sem:{stripe}". It is the prefix of every key of a fleet
+// whose config sets no semaphore.prefix, so that a Limiter with the
+// defaults takes from that fleet's limits.
+const DefaultPrefix = rediskey.DefaultPrefix
 
 // Limit is a rate: Rate tokens every Per, of which at most Burst may be taken
 // at once (after an idle spell).
@@ -83,8 +86,9 @@ var ErrCostAboveBurst = errors.New("ratelimit: cost above burst can never be all
 
 // Options configures New.
 type Options struct {
-	// Prefix starts every key, after redis_rate's own "rate:"; default
-	// DefaultPrefix. It must not contain "{" or "}" (the keys' hash tag).
+	// Prefix starts every key, after redis_rate's own "rate:": a fleet's
+	// semaphore.prefix; default DefaultPrefix. It must not contain "{" or
+	// "}" (the keys' hash tag).
 	Prefix string
 	// Observer receives every Take; nil: none.
 	Observer Observer
@@ -125,8 +129,8 @@ func New(rdb redis.UniversalClient, opts Options) (*Limiter, error) {
 	if opts.Prefix == "" {
 		opts.Prefix = DefaultPrefix
 	}
-	if strings.ContainsAny(opts.Prefix, "{}") {
-		return nil, fmt.Errorf("ratelimit: prefix %q must not contain \"{\" or \"}\" (they would break the keys' hash tag)", opts.Prefix)
+	if err := rediskey.CheckPrefix(opts.Prefix); err != nil {
+		return nil, fmt.Errorf("ratelimit: New: Prefix %w", err)
 	}
 	return &Limiter{rdb: rdb, gcra: redis_rate.NewLimiter(rdb), prefix: opts.Prefix, obs: opts.Observer}, nil
 }
@@ -208,18 +212,15 @@ func (l *Limiter) Reset(ctx context.Context, key string) error {
 }
 
 // RedisKey is the Redis key that holds key's state, as redis_rate writes
-// it: "rate:" + prefix + "{" + key + "}", with "%", "{" and "}" of key
-// percent-encoded so that the whole key is the hash tag on a Cluster.
+// it: "rate:" + prefix + "{" + key + "}", with "%" and "}" of key
+// percent-encoded (rediskey.HashTag) so that the whole key is the hash tag
+// on a Cluster.
 func (l *Limiter) RedisKey(key string) string { return "rate:" + l.redisKey(key) }
 
 // redisKey is RedisKey without redis_rate's "rate:".
 func (l *Limiter) redisKey(key string) string {
-	return l.prefix + "{" + tagEscaper.Replace(key) + "}"
+	return l.prefix + "{" + rediskey.HashTag(key) + "}"
 }
-
-// tagEscaper percent-encodes the characters that would end a hash tag early
-// (and "%" itself, so that two keys never share an escaped form).
-var tagEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
 
 // remaining is how many tokens may be taken at once when the key's TAT lies
 // ahead of the server's now by ahead (redis_rate's ResetAfter). redis_rate's

@@ -13,8 +13,9 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fleetcap/fleetcap/internal/redistest"
-	"github.com/fleetcap/fleetcap/internal/waitfor"
+	"github.com/fleetcap/fleetcap/internal/rediskey"
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
 	"github.com/fleetcap/fleetcap/ratelimit"
 )
 
@@ -266,7 +267,8 @@ func TestIdleKeysExpire(t *testing.T) {
 
 // TestKeysWithBracesOnACluster takes tokens on a 3-node Redis Cluster for
 // keys holding braces and percent signs: each key has state of its own (the
-// escaping is one-to-one) in one slot named by its whole hash tag.
+// escaping is one-to-one) in the slot of its hash tag, rediskey.HashTag of
+// the whole key.
 func TestKeysWithBracesOnACluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node cluster")
@@ -285,12 +287,11 @@ func TestKeysWithBracesOnACluster(t *testing.T) {
 		if res := take(t, l, k, limit, 1); res.Allowed {
 			t.Fatalf("second take of %q: allowed, want limited", k)
 		}
-		rk := l.RedisKey(k)
-		lb, rb := strings.Index(rk, "{"), strings.LastIndex(rk, "}")
-		if strings.Count(rk, "{") != 1 || strings.Count(rk, "}") != 1 || lb > rb {
-			t.Fatalf("Redis key %q of %q: want exactly one hash tag", rk, k)
+		rk, tag := l.RedisKey(k), rediskey.HashTag(k)
+		if rk != "rate:test:{"+tag+"}" {
+			t.Fatalf("Redis key of %q = %q, want its hash tag %q", k, rk, tag)
 		}
-		want := cl.ClusterKeySlot(ctx, rk[lb+1:rb]).Val()
+		want := cl.ClusterKeySlot(ctx, tag).Val()
 		if got := cl.ClusterKeySlot(ctx, rk).Val(); got != want {
 			t.Fatalf("slot of %q = %d, want that of its tag, %d", rk, got, want)
 		}

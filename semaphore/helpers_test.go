@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fleetcap/fleetcap/internal/waitfor"
+	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 

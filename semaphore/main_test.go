@@ -5,7 +5,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
 )
 
 // redisAddr is a private redis-server for the examples, started by TestMain.

@@ -38,6 +38,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/fleetcap/fleetcap/internal/rediskey"
 )
 
 //go:embed lua/*.lua
@@ -77,7 +79,7 @@ var (
 
 // Defaults of Options.
 const (
-	DefaultPrefix = "fleetcap:sem:"
+	DefaultPrefix = rediskey.DefaultPrefix // "fleetcap:sem:"
 	DefaultTTL    = 30 * time.Second
 )
 
@@ -129,10 +131,8 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 	if opts.Prefix == "" {
 		opts.Prefix = DefaultPrefix
 	}
-	if strings.ContainsAny(opts.Prefix, "{}") {
-		// Every key of a semaphore carries the hash tag of its name; a
-		// brace in the prefix would make the prefix the tag instead.
-		return nil, fmt.Errorf("semaphore: New: Prefix must not contain { or }, got %q", opts.Prefix)
+	if err := rediskey.CheckPrefix(opts.Prefix); err != nil {
+		return nil, fmt.Errorf("semaphore: New: Prefix %w", err)
 	}
 	if opts.DefaultTTL == 0 {
 		opts.DefaultTTL = DefaultTTL
@@ -163,14 +163,14 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 }
 
 // keys are the Redis keys of one semaphore; they share the hash tag {key}
-// (see hashTag). A holder's label travels inside its member of holders
-// (see member). The others are the waiting room (lua/room.lua).
+// (see rediskey.HashTag). A holder's label travels inside its member of
+// holders (see member). The others are the waiting room (lua/room.lua).
 type keys struct {
 	holders, waiting, slots, procs, parked, places, since, room, aside string
 }
 
 func (s *Service) keysFor(key string) keys {
-	base := s.prefix + "{" + hashTag(key) + "}:"
+	base := s.prefix + "{" + rediskey.HashTag(key) + "}:"
 	return keys{holders: base + "holders", waiting: base + "waiting", slots: base + "slots", procs: base + "procs",
 		parked: base + "parked", places: base + "places", since: base + "since", room: base + "room", aside: base + "aside"}
 }
@@ -179,16 +179,6 @@ func (s *Service) keysFor(key string) keys {
 func (k keys) all() []string {
 	return []string{k.holders, k.waiting, k.slots, k.procs, k.parked, k.places, k.since, k.room, k.aside}
 }
-
-// tagEscaper makes any key a valid hash tag: Redis Cluster hashes what
-// stands between the first "{" and the next "}" (when not empty), so the
-// tag must hold no "}". "%" is escaped too, so that two keys never share a
-// tag.
-var tagEscaper = strings.NewReplacer("%", "%25", "}", "%7D")
-
-// hashTag is key as it stands inside the hash tag of its Redis keys: the
-// key itself unless it holds "}" or "%".
-func hashTag(key string) string { return tagEscaper.Replace(key) }
 
 // member is a permit's member of the holders ZSET: its id, and its label
 // after a newline when it has one (ids are hex, so the first newline ends

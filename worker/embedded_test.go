@@ -11,7 +11,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/fleetcap/fleetcap/config"
-	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
 )
 
 func TestStartEmbedded(t *testing.T) {

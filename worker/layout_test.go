@@ -14,9 +14,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetcap/fleetcap/internal/layout"
-	"github.com/fleetcap/fleetcap/internal/redistest"
 	"github.com/fleetcap/fleetcap/internal/snapshot"
-	"github.com/fleetcap/fleetcap/internal/waitfor"
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
 	"github.com/fleetcap/fleetcap/worker"
 )
 
@@ -91,14 +91,15 @@ func dump(t *testing.T, rdb *redis.Client) string {
 func TestWorkerRefusesAnotherLayout(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
-	other, err := layout.Claim(context.Background(), rdb, layout.Options{Role: "worker", Version: 3})
+	newer := layout.Version + 1
+	other, err := layout.Claim(context.Background(), rdb, layout.Options{Role: "worker", Version: newer})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer other.Close()
 	refusedStart(t, layoutCfg(t, "url: "+strconv.Quote(srv.URL())), rdb,
-		"this build speaks Redis layout 2, but 1 process(es) of layout 3 hold a live lease in fleetcap:layout ("+other.Name()+")",
-		"stop every process of the layout-3 build, then start this one")
+		fmt.Sprintf("this build speaks Redis layout %d, but 1 process(es) of layout %d hold a live lease in fleetcap:layout (%s)", layout.Version, newer, other.Name()),
+		fmt.Sprintf("stop every process of the layout-%d build, then start this one", newer))
 }
 
 // TestWorkerRefusesLayout1Lists: a worker refuses to start on the data of
@@ -112,13 +113,13 @@ func TestWorkerRefusesLayout1Lists(t *testing.T) {
 	rdb.RPush(ctx, parked, "default\x00task-1")
 	rdb.PExpire(ctx, parked, time.Minute)
 	refusedStart(t, layoutCfg(t, "url: "+strconv.Quote(srv.URL())), rdb,
-		"this build speaks Redis layout 2, but "+parked+" is a LIST: data of layout 1", "before 46ae4d4",
+		fmt.Sprintf("this build speaks Redis layout %d, but %s is a LIST: data of layout 1", layout.Version, parked), "before 46ae4d4",
 		"Stop every process of that build", "DEL "+parked)
 }
 
 // TestWorkerStartsOnceTheOtherLeaseLapsed: the lease of a killed process
 // of an older layout holds a worker back until it lapses; then the worker
-// starts, records layout 2, and gives its own lease back at Close.
+// starts, records its layout, and gives its own lease back at Close.
 func TestWorkerStartsOnceTheOtherLeaseLapsed(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
@@ -143,8 +144,8 @@ func TestWorkerStartsOnceTheOtherLeaseLapsed(t *testing.T) {
 		t.Errorf("started at %d, before the lease lapsed at %d", at.UnixMilli(), lapses)
 	}
 	rec := rdb.HGetAll(ctx, layout.Key).Val()
-	if rec["version"] != "2" || len(rec) != 2 {
-		t.Errorf("record = %v, want version 2 and the new worker alone", rec)
+	if rec["version"] != strconv.Itoa(layout.Version) || len(rec) != 2 {
+		t.Errorf("record = %v, want version %d and the new worker alone", rec, layout.Version)
 	}
 	w.Close()
 	if rec := rdb.HGetAll(ctx, layout.Key).Val(); len(rec) != 1 {

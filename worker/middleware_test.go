@@ -12,8 +12,8 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/fleetcap/fleetcap/internal/redistest"
-	"github.com/fleetcap/fleetcap/internal/waitfor"
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
 	"github.com/fleetcap/fleetcap/semaphore"
 	"github.com/fleetcap/fleetcap/worker"
 )
@@ -27,8 +27,6 @@ type testWorker struct {
 	client *asynq.Client
 	insp   *asynq.Inspector
 	obs    *recorder
-	cancel context.CancelFunc
-	done   chan error
 }
 
 func newTestWorker(t *testing.T, tasksYAML string, handlers map[string]asynq.HandlerFunc) *testWorker {
@@ -46,20 +44,30 @@ func newTestWorker(t *testing.T, tasksYAML string, handlers map[string]asynq.Han
 	for typ, h := range handlers {
 		w.Handle(typ, h)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	tw := &testWorker{t: t, srv: srv, w: w, obs: obs, cancel: cancel, done: make(chan error, 1)}
+	tw := &testWorker{t: t, srv: srv, w: w, obs: obs}
 	conn := asynq.RedisClientOpt{Addr: srv.Addr()}
 	tw.client, tw.insp = asynq.NewClient(conn), asynq.NewInspector(conn)
-	go func() { tw.done <- w.Run(ctx) }()
 	t.Cleanup(func() {
-		cancel()
-		if err := <-tw.done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
 		_ = tw.client.Close()
 		_ = tw.insp.Close()
 	})
+	serve(t, w)
 	return tw
+}
+
+// serve runs w until the test ends, then stops it and wants Run to return
+// no error.
+func serve(t *testing.T, w *worker.Worker) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
 }
 
 func (tw *testWorker) enqueue(typ, payload string, opts ...asynq.Option) string {

@@ -154,7 +154,7 @@ func (w *Worker) connect() error {
 	}
 	waker.SetSemaphore(w.sem)
 	rateObs, _ := w.opts.observer.(ratelimit.Observer)
-	if w.limiter, err = ratelimit.New(w.rdb, ratelimit.Options{Observer: rateObs}); err != nil {
+	if w.limiter, err = ratelimit.New(w.rdb, ratelimit.Options{Prefix: w.cfg.Semaphore.Prefix, Observer: rateObs}); err != nil {
 		return err
 	}
 	w.insp = asynq.NewInspector(w.connOpt)
@@ -163,11 +163,11 @@ func (w *Worker) connect() error {
 	if !ok {
 		return fmt.Errorf("worker: asynq made a %T, not a go-redis client", made)
 	}
-	w.server = asynqx.NewServerClient(serverRDB, slices.Collect(maps.Keys(w.cfg.Worker.Queues)), w.cfg.Worker.TaskCheckInterval, w.log)
+	w.server = asynqx.NewServerClient(serverRDB, w.cfg.Semaphore.Prefix, slices.Collect(maps.Keys(w.cfg.Worker.Queues)), w.cfg.Worker.TaskCheckInterval, w.log)
 	w.asynqLog.kept = w.server.Kept
 	// A worker must not serve before it knows the overrides in force: a
 	// paused key would run.
-	if w.overrides, err = admission.OpenOverrides(ctx, w.rdb, w.log); err != nil {
+	if w.overrides, err = admission.OpenOverrides(ctx, w.rdb, w.cfg.Semaphore.Prefix, w.log); err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
 	w.adm, err = admission.New(admission.Options{

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/fleetcap/fleetcap/config"
-	"github.com/fleetcap/fleetcap/internal/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
 	"github.com/fleetcap/fleetcap/worker"
 	"github.com/hibiken/asynq"
 )

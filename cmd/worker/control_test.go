@@ -12,8 +12,8 @@ import (
 
 	"github.com/fleetcap/fleetcap/config"
 	"github.com/fleetcap/fleetcap/control"
-	"github.com/fleetcap/fleetcap/internal/redistest"
-	"github.com/fleetcap/fleetcap/internal/waitfor"
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
 	"github.com/fleetcap/fleetcap/producer"
 	"github.com/fleetcap/fleetcap/tasks"
 )

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,8 +11,8 @@ import (
 	"time"
 
 	"github.com/fleetcap/fleetcap/internal/layout"
-	"github.com/fleetcap/fleetcap/internal/redistest"
-	"github.com/fleetcap/fleetcap/internal/syncbuf"
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/syncbuf"
 )
 
 func writeConfig(t *testing.T, content string) string {
@@ -111,7 +112,8 @@ func startWorker(t *testing.T, path string) (base string, stop func()) {
 // both layouts and what to do.
 func TestAnotherLayoutExits2(t *testing.T) {
 	srv := redistest.Start(t)
-	other, err := layout.Claim(context.Background(), srv.Client(), layout.Options{Role: "worker", Version: 3})
+	newer := layout.Version + 1
+	other, err := layout.Claim(context.Background(), srv.Client(), layout.Options{Role: "worker", Version: newer})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +126,10 @@ func TestAnotherLayoutExits2(t *testing.T) {
 	if code != 2 || stdout.Len() != 0 {
 		t.Fatalf("exit %d, stdout %q, stderr:\n%s\nwant exit 2 and nothing printed", code, stdout.String(), stderr.String())
 	}
-	for _, want := range []string{"worker: fleetcap: this build speaks Redis layout 2, but 1 process(es) of layout 3", other.Name(), "stop every process of the layout-3 build"} {
+	for _, want := range []string{
+		fmt.Sprintf("worker: fleetcap: this build speaks Redis layout %d, but 1 process(es) of layout %d", layout.Version, newer),
+		other.Name(), fmt.Sprintf("stop every process of the layout-%d build", newer),
+	} {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("stderr %q does not say %q", stderr.String(), want)
 		}

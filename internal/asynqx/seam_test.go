@@ -16,8 +16,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetcap/fleetcap/internal/asynqx"
-	"github.com/fleetcap/fleetcap/internal/redistest"
-	"github.com/fleetcap/fleetcap/internal/waitfor"
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
 )
 
 // These tests pin what package asynqx assumes of asynq's internals against
@@ -350,7 +350,7 @@ func (l *logCapture) exhausted() []string {
 // the test ends, and returns the client.
 func (s *seam) serveThrough(maxIdle time.Duration, h asynq.HandlerFunc, logger asynq.Logger) *asynqx.ServerClient {
 	rdb := redis.NewClient(&redis.Options{Addr: s.srv.Addr(), ContextTimeoutEnabled: true})
-	c := asynqx.NewServerClient(rdb, []string{"q"}, maxIdle, slog.Default())
+	c := asynqx.NewServerClient(rdb, "test:", []string{"q"}, maxIdle, slog.Default())
 	srv := asynq.NewServerFromRedisClient(c, asynq.Config{
 		Concurrency:              2,
 		Queues:                   map[string]int{"q": 1},

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetcap/fleetcap/internal/rediskey"
 )
 
 // ServerClient is the Redis client of an asynq server (give it to
@@ -32,6 +34,7 @@ import (
 //     error message asynq meant to archive it with.
 type ServerClient struct {
 	redis.UniversalClient
+	prefix  string // the fleet's, which starts the idle keys (see idleKeys)
 	queues  map[string]bool
 	maxIdle time.Duration
 	log     *slog.Logger
@@ -59,9 +62,11 @@ type kept struct {
 	until time.Time // forgotten after: asynq gave up writing the task (its lease ran out)
 }
 
-// NewServerClient wraps rdb for an asynq server that serves queues.
-func NewServerClient(rdb redis.UniversalClient, queues []string, maxIdle time.Duration, log *slog.Logger) *ServerClient {
-	c := &ServerClient{UniversalClient: rdb, queues: map[string]bool{}, maxIdle: maxIdle, log: log, id: newID(),
+// NewServerClient wraps rdb for an asynq server that serves queues, in the
+// fleet whose keys start with prefix (config semaphore.prefix): the idle
+// workers of one fleet watch its queues together, and no other fleet's.
+func NewServerClient(rdb redis.UniversalClient, prefix string, queues []string, maxIdle time.Duration, log *slog.Logger) *ServerClient {
+	c := &ServerClient{UniversalClient: rdb, prefix: prefix, queues: map[string]bool{}, maxIdle: maxIdle, log: log, id: newID(),
 		empty: map[string]bool{}, onDuty: map[string]bool{}, arms: map[string]chan struct{}{}, work: make(chan struct{}, 1),
 		stop: make(chan struct{}), kept: map[string]kept{}}
 	for _, q := range queues {
@@ -223,7 +228,7 @@ func (c *ServerClient) noteDequeue(q string, cmd *redis.Cmd) {
 func (c *ServerClient) ring(q string) {
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
-	duty, bell := idleKeys(q)
+	duty, bell := c.idleKeys(q)
 	if err := dutyScript.Run(ctx, c.UniversalClient, []string{duty, bell}, "ring", c.id, c.maxIdle.Milliseconds()).Err(); err != nil {
 		c.log.Warn("asynqx: wake another worker for a backlog (it looks again after its idle time)", "queue", q, "err", err)
 	}
@@ -253,15 +258,16 @@ func (c *ServerClient) passOn(q string) {
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
-	duty, bell := idleKeys(q)
+	duty, bell := c.idleKeys(q)
 	if err := dutyScript.Run(ctx, c.UniversalClient, []string{duty, bell}, "pass", c.id, c.maxIdle.Milliseconds()).Err(); err != nil {
 		c.log.Warn("asynqx: hand on the watch of a queue (it lapses by itself)", "queue", q, "err", err)
 	}
 }
 
-// idleKeys are the duty lease and the doorbell of q, in q's hash tag.
-func idleKeys(q string) (duty, bell string) {
-	base := "fleetcap:idle:{" + q + "}:"
+// idleKeys are the duty lease and the doorbell of q in this fleet, in q's
+// hash tag.
+func (c *ServerClient) idleKeys(q string) (duty, bell string) {
+	base := rediskey.Idle(c.prefix, q)
 	return base + "duty", base + "bell"
 }
 
@@ -280,7 +286,7 @@ const callTimeout = 5 * time.Second
 // its tasks cannot be taken.
 func (c *ServerClient) watch(q string, arm <-chan struct{}) {
 	k := QueueKeys(q)
-	duty, bell := idleKeys(q)
+	duty, bell := c.idleKeys(q)
 	paused := "asynq:{" + q + "}:paused"
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -1,13 +1,39 @@
 // Package layout versions fleetcap's Redis layout: the names, types and
 // contents of every key fleetcap owns (the semaphores and their waiting
-// rooms, the rate limits, the runtime overrides). One Redis serves one
-// layout at a time, so that no process fails with WRONGTYPE on another
-// build's key or misreads its data (SPEC §2.12).
+// rooms, the rate limits, the runtime overrides, the watches of idle
+// queues; internal/rediskey names them). One Redis serves one layout at a
+// time, so that no process fails with WRONGTYPE on another build's key or
+// misreads its data (SPEC §2.12).
 //
-// This build speaks layout 2 (Version). Layout 1 is that of the builds from
-// before 46ae4d4, which recorded no version: their waiting room of a key,
-// <semaphore.prefix>{<key>}:parked, was a LIST, where layout 2 keeps a
-// ZSET under the same name.
+// This build speaks layout 3 (Version). The layouts, and what each
+// changed:
+//   - 1, the builds from before 46ae4d4, which recorded no version: the
+//     waiting room of a key, <semaphore.prefix>{<key>}:parked, was a LIST.
+//   - 2: that room is a ZSET under the same name.
+//   - 3: every key a fleet owns starts with its semaphore.prefix (P), so
+//     that fleets of different prefixes share a Redis apart. The runtime
+//     overrides move from fleetcap:control (and its channel
+//     fleetcap:control:changed) to P+"control" (and P+"control:changed");
+//     a rate limit's tokens and room from rate:fleetcap:{<tag>} (and
+//     :room, :next) to rate:P{<tag>}; an idle queue's watch from
+//     fleetcap:idle:{<queue>}:duty and :bell to P+"idle:{<queue tag>}:duty"
+//     and :bell. With the default prefix, fleetcap:sem:control,
+//     rate:fleetcap:sem:{<tag>} and fleetcap:sem:idle:{<queue>}:duty. And
+//     the hash tag of a rate limit's keys escapes the key as a
+//     semaphore's does (rediskey.HashTag): a "{" in the key stays as it
+//     is, where layout 2 wrote "%7B" (the tokens of key "a{b" were
+//     rate:fleetcap:{a%7Bb}). The semaphores' keys keep their names. Of
+//     layout 2's keys, the rate limits and the watches expire by
+//     themselves (a rate limit starts again at full burst); the overrides
+//     do not, and are not read where they are: Claim refuses while
+//     fleetcap:control holds any (Overrides), until they are moved or
+//     dropped. And a semaphore's waiting room changes: the per-process
+//     line ({<key>}:queue, :qexp) and the standby set ({<key>}:standby)
+//     give way to {<key>}:waiting, :slots, :procs and :places, where a
+//     freed seat is given to the first waiter in the call that frees it
+//     (package semaphore). Layout 2's waiting tokens lapse with their
+//     keys; a layout-2 process left running would not see layout 3's
+//     waiters, which the check refuses.
 //
 // The record is one Redis hash, fleetcap:layout (Key), without a TTL. Its
 // field "version" is the layout the fleet's data is in; a field
@@ -24,7 +50,10 @@
 //     newer layout's data; an older one is taken over: a newer build knows
 //     its predecessors' layouts);
 //   - none of the parked keys of the config's plain cap keys is a LIST
-//     (layout 1's data, which carries no record).
+//     (layout 1's data, which carries no record);
+//   - taking over from an older layout, no runtime overrides of it wait
+//     in fleetcap:control, where this build does not read them (unless
+//     the prefix is "fleetcap:", whose overrides are that hash).
 //
 // Otherwise it refuses with an *Error that names both layouts and what to
 // do. The checks and the record are made in one script, so two processes
@@ -34,7 +63,10 @@
 //
 // A later layout that changes a key keeps this record's format, bumps
 // Version, and checks at Claim for its predecessor's data that may outlive
-// the predecessor's processes, as this one checks for layout 1's lists.
+// the predecessor's processes, as this one checks for layout 1's lists and
+// layout 2's overrides. The record itself stays fleetcap:layout, one for
+// the whole Redis whatever the fleets' prefixes: it is how builds of
+// different layouts find each other.
 package layout
 
 import (
@@ -53,10 +85,12 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetcap/fleetcap/internal/rediskey"
 )
 
 // Version is the Redis layout this build speaks.
-const Version = 2
+const Version = 3
 
 // Key is the Redis hash that records the layout and its live processes.
 const Key = "fleetcap:layout"
@@ -68,6 +102,13 @@ const DefaultLease = 30 * time.Second
 // firstVersioned is the commit from which builds record their layout;
 // the builds before it speak layout 1.
 const firstVersioned = "46ae4d4"
+
+// OldOverridesKey is where the layouts before 3 kept the runtime overrides,
+// whatever the prefix.
+const OldOverridesKey = "fleetcap:control"
+
+// overridesMoved is the layout that moved the overrides under the prefix.
+const overridesMoved = 3
 
 //go:embed claim.lua
 var claimSrc string
@@ -110,6 +151,17 @@ type Error struct {
 	// Lists are the parked keys found as LISTs (layout 1), with the TTL
 	// each has left (-1: none).
 	Lists []List
+	// Overrides is the hash of runtime overrides of an older layout, which
+	// kept them under one name whatever the prefix; nil: none found.
+	Overrides *Overrides
+}
+
+// Overrides is the runtime overrides hash of the layouts before 3, found
+// where this build does not read it.
+type Overrides struct {
+	Key    string // where they are: fleetcap:control (OldOverridesKey)
+	Fields int64  // how many
+	MoveTo string // where this build reads this fleet's: <prefix>control
 }
 
 // List is one of layout 1's lists of parked tokens.
@@ -158,6 +210,13 @@ func (e *Error) Error() string {
 			"Stop every process of that build; its lists of parked tasks lapse within their TTL (%s), then start this one; "+
 			"or delete them (DEL %s): their tasks come back at their retry time all the same",
 			l.Key, more, firstVersioned, lapse, l.Key)
+	case e.Overrides != nil:
+		o := e.Overrides
+		fmt.Fprintf(&b, "%s holds %d runtime override(s) of layout %s, which kept the overrides of every fleet on this Redis there; "+
+			"this build reads this fleet's from %s (its semaphore.prefix + \"control\"). "+
+			"Once every process of layout %s is stopped, move them (RENAME %s %s; on a Cluster, HSET the fields of %s on %s, then DEL %s), "+
+			"or drop them (DEL %s); with several fleets on this Redis, give each its own keys' fields",
+			o.Key, o.Fields, e.Found, o.MoveTo, e.Found, o.Key, o.MoveTo, o.Key, o.MoveTo, o.Key, o.Key)
 	default:
 		if _, err := strconv.Atoi(e.Found); err != nil {
 			fmt.Fprintf(&b, "%s records the layout %q, which no fleetcap build writes: repair or delete that key", Key, e.Found)
@@ -209,6 +268,9 @@ func Claim(ctx context.Context, rdb redis.UniversalClient, opts Options) (*Lease
 	l := &Lease{rdb: rdb, opts: opts, name: processName(opts.Role), log: opts.Logger,
 		lists: layout1Parked(opts.SemaphorePrefix, opts.CapKeys), stop: make(chan struct{}), done: make(chan struct{})}
 	if err := l.checkLists(ctx); err != nil {
+		return nil, err
+	}
+	if err := l.checkOverrides(ctx); err != nil {
 		return nil, err
 	}
 	if err := l.claim(ctx, "start"); err != nil {
@@ -289,6 +351,36 @@ func (l *Lease) checkLists(ctx context.Context) error {
 		return e
 	}
 	return nil
+}
+
+// checkOverrides refuses while the runtime overrides of a layout before 3
+// wait in OldOverridesKey, unmoved: this build would run without them (a
+// paused key would run). Once a layout of 3 or later is recorded, that
+// hash, if any, is a fleet's of prefix "fleetcap:", not old data.
+func (l *Lease) checkOverrides(ctx context.Context) error {
+	moveTo := rediskey.Control(l.opts.SemaphorePrefix)
+	if l.opts.SemaphorePrefix == "" || moveTo == OldOverridesKey || l.opts.Version < overridesMoved {
+		return nil
+	}
+	var recorded *redis.StringCmd
+	var fields *redis.IntCmd
+	_, err := l.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		recorded = p.HGet(ctx, Key, "version")
+		fields = p.HLen(ctx, OldOverridesKey)
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("layout: cannot check the Redis layout: read %s and %s: %w", Key, OldOverridesKey, err)
+	}
+	found := recorded.Val()
+	v, err := strconv.Atoi(found)
+	if old := found == "" || err == nil && v < overridesMoved; !old || fields.Val() == 0 {
+		return nil // not an older layout's (the claim refuses another record)
+	}
+	if found == "" {
+		found = "1" // the builds before 46ae4d4 recorded nothing
+	}
+	return &Error{Want: l.opts.Version, Found: found, Overrides: &Overrides{Key: OldOverridesKey, Fields: fields.Val(), MoveTo: moveTo}}
 }
 
 // claim runs the claim script; mode is "start" or "renew". It returns an

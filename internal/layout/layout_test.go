@@ -14,9 +14,9 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fleetcap/fleetcap/internal/redistest"
-	"github.com/fleetcap/fleetcap/internal/syncbuf"
-	"github.com/fleetcap/fleetcap/internal/waitfor"
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/syncbuf"
+	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
 )
 
 // claim claims layout version for role, and closes the lease at test end.
@@ -60,28 +60,31 @@ func record(t *testing.T, rdb redis.UniversalClient) map[string]string {
 	return h
 }
 
+// older and newer stand for the builds of another layout than this one's.
+var older, newer = Version - 1, Version + 1
+
 // TestAnotherLiveLayoutRefuses: while a process of another layout holds a
 // live lease, a claim is refused with a message naming both layouts, the
 // process and what to do, and writes nothing; the first process of the
 // layout is recorded with its version.
 func TestAnotherLiveLayoutRefuses(t *testing.T) {
 	rdb := redistest.Start(t).Client()
-	old := claim(t, rdb, Options{Role: "worker", Version: 1})
-	if got := record(t, rdb); got["version"] != "1" || !strings.HasPrefix(got["process "+old.Name()], "1 ") {
+	old := claim(t, rdb, Options{Role: "worker", Version: older})
+	if got := record(t, rdb); got["version"] != strconv.Itoa(older) || !strings.HasPrefix(got["process "+old.Name()], strconv.Itoa(older)+" ") {
 		t.Fatalf("record after the first claim = %v", got)
 	}
 	before := record(t, rdb)
 	le := refused(t, rdb, Options{Role: "producer"},
-		"this build speaks Redis layout 2", "1 process(es) of layout 1 hold a live lease in fleetcap:layout ("+old.Name()+")",
-		"stop every process of the layout-1 build, then start this one", "or run the layout-1 build here instead")
-	if le.Want != 2 || le.Found != "1" || len(le.Live) != 1 || le.Live[0].Left <= 0 || le.Live[0].Left > DefaultLease {
+		fmt.Sprintf("this build speaks Redis layout %d", Version), fmt.Sprintf("1 process(es) of layout %d hold a live lease in fleetcap:layout (", older)+old.Name()+")",
+		fmt.Sprintf("stop every process of the layout-%d build, then start this one", older), fmt.Sprintf("or run the layout-%d build here instead", older))
+	if le.Want != Version || le.Found != strconv.Itoa(older) || len(le.Live) != 1 || le.Live[0].Left <= 0 || le.Live[0].Left > DefaultLease {
 		t.Errorf("error = %+v", le)
 	}
 	if after := record(t, rdb); fmt.Sprint(after) != fmt.Sprint(before) {
 		t.Errorf("a refused claim wrote: %v, then %v", before, after)
 	}
 	// The same layout starts beside it.
-	claim(t, rdb, Options{Role: "worker", Version: 1})
+	claim(t, rdb, Options{Role: "worker", Version: older})
 }
 
 // TestTakeOverOnceTheOldProcessesAreGone: a process of a newer layout
@@ -90,8 +93,8 @@ func TestAnotherLiveLayoutRefuses(t *testing.T) {
 // version.
 func TestTakeOverOnceTheOldProcessesAreGone(t *testing.T) {
 	rdb := redistest.Start(t).Client()
-	stopped := claim(t, rdb, Options{Role: "worker", Version: 1})
-	killed := claim(t, rdb, Options{Role: "worker", Version: 1, Lease: 300 * time.Millisecond})
+	stopped := claim(t, rdb, Options{Role: "worker", Version: older})
+	killed := claim(t, rdb, Options{Role: "worker", Version: older, Lease: 300 * time.Millisecond})
 	if err := stopped.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +104,7 @@ func TestTakeOverOnceTheOldProcessesAreGone(t *testing.T) {
 		t.Errorf("live = %+v, want the killed process alone", le.Live)
 	}
 	var l *Lease
-	waitfor.Condition(t, 5*time.Second, "layout 2 starts once the killed process's lease lapsed", func() bool {
+	waitfor.Condition(t, 5*time.Second, "this layout starts once the killed process's lease lapsed", func() bool {
 		var err error
 		l, err = Claim(context.Background(), rdb, Options{Role: "worker"})
 		if err != nil && !errors.As(err, new(*Error)) {
@@ -111,11 +114,11 @@ func TestTakeOverOnceTheOldProcessesAreGone(t *testing.T) {
 	})
 	t.Cleanup(func() { _ = l.Close() })
 	got := record(t, rdb)
-	if got["version"] != "2" || len(got) != 2 || !strings.HasPrefix(got["process "+l.Name()], "2 ") {
-		t.Errorf("record after the take-over = %v, want version 2 and this process alone", got)
+	if got["version"] != strconv.Itoa(Version) || len(got) != 2 || !strings.HasPrefix(got["process "+l.Name()], strconv.Itoa(Version)+" ") {
+		t.Errorf("record after the take-over = %v, want version %d and this process alone", got, Version)
 	}
 	// Now the older layout is the one refused.
-	refused(t, rdb, Options{Role: "worker", Version: 1}, "this build speaks Redis layout 1, but 1 process(es) of layout 2")
+	refused(t, rdb, Options{Role: "worker", Version: older}, fmt.Sprintf("this build speaks Redis layout %d, but 1 process(es) of layout %d", older, Version))
 }
 
 // TestNewerDataRefuses: a layout older than the recorded one refuses even
@@ -123,14 +126,14 @@ func TestTakeOverOnceTheOldProcessesAreGone(t *testing.T) {
 // record no build writes.
 func TestNewerDataRefuses(t *testing.T) {
 	rdb := redistest.Start(t).Client()
-	if err := claim(t, rdb, Options{Role: "worker", Version: 3}).Close(); err != nil {
+	if err := claim(t, rdb, Options{Role: "worker", Version: newer}).Close(); err != nil {
 		t.Fatal(err)
 	}
-	refused(t, rdb, Options{Role: "producer"}, "the data on this Redis is in layout 3 (fleetcap:layout), which this build cannot read",
-		"Run a build that speaks layout 3 or later", "delete fleetcap:layout")
+	refused(t, rdb, Options{Role: "producer"}, fmt.Sprintf("the data on this Redis is in layout %d (fleetcap:layout), which this build cannot read", newer),
+		fmt.Sprintf("Run a build that speaks layout %d or later", newer), "delete fleetcap:layout")
 	rdb.HSet(context.Background(), Key, "version", "two")
 	refused(t, rdb, Options{Role: "worker"}, `fleetcap:layout records the layout "two"`)
-	rdb.HSet(context.Background(), Key, "version", "2", "process ghost", "garbage")
+	rdb.HSet(context.Background(), Key, "version", Version, "process ghost", "garbage")
 	le := refused(t, rdb, Options{Role: "worker"}, "layout ? hold a live lease", `an entry of layout "?" is one this build cannot read`)
 	if len(le.Live) != 1 || le.Live[0].Name != "ghost" {
 		t.Errorf("live = %+v", le.Live)
@@ -162,7 +165,48 @@ func TestLayout1ListsRefuse(t *testing.T) {
 	rdb.Del(ctx, "fleetcap:sem:{b}:parked")
 	refused(t, rdb, opts, "this one's lapses in 1m30s")
 	rdb.Del(ctx, parked)
-	rdb.ZAdd(ctx, parked, redis.Z{Score: 1, Member: "default\x00task-1"}) // layout 2's room
+	rdb.ZAdd(ctx, parked, redis.Z{Score: 1, Member: "default\x00task-1"}) // the room since layout 2
+	claim(t, rdb, opts)
+}
+
+// TestOldOverridesRefuse: taking over from layout 2 (or 1), whose runtime
+// overrides lived in fleetcap:control whatever the prefix, a claim is
+// refused while that hash holds any, with where they go now and how, and
+// writes nothing; once they are moved it starts. A fleet of prefix
+// "fleetcap:" reads that very hash, and once layout 3 is recorded the hash
+// is such a fleet's, not old data.
+func TestOldOverridesRefuse(t *testing.T) {
+	rdb := redistest.Start(t).Client()
+	ctx := context.Background()
+	opts := Options{Role: "worker", SemaphorePrefix: "fleetcap:sem:"}
+	rdb.HSet(ctx, OldOverridesKey, "capacity:legacy-api", "0", "rate:stripe", `{"rate":5,"per":"1s","burst":5}`)
+	rdb.HSet(ctx, Key, "version", "2")
+	before := record(t, rdb)
+	le := refused(t, rdb, opts, fmt.Sprintf("this build speaks Redis layout %d, but fleetcap:control holds 2 runtime override(s) of layout 2", Version),
+		"this build reads this fleet's from fleetcap:sem:control", "Once every process of layout 2 is stopped",
+		"RENAME fleetcap:control fleetcap:sem:control", "DEL fleetcap:control")
+	if le.Found != "2" || le.Overrides == nil || *le.Overrides != (Overrides{Key: OldOverridesKey, Fields: 2, MoveTo: "fleetcap:sem:control"}) {
+		t.Errorf("error = %+v, overrides %+v", le, le.Overrides)
+	}
+	if after := record(t, rdb); fmt.Sprint(after) != fmt.Sprint(before) || rdb.HLen(ctx, OldOverridesKey).Val() != 2 {
+		t.Errorf("a refused claim wrote: %v, then %v", before, after)
+	}
+	// Layout 2 itself reads them there; so does a fleet of prefix "fleetcap:".
+	if err := claim(t, rdb, Options{Role: "worker", SemaphorePrefix: "fleetcap:sem:", Version: 2}).Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := claim(t, rdb, Options{Role: "worker", SemaphorePrefix: "fleetcap:"}).Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Now layout 3 is recorded: fleetcap:control is the "fleetcap:" fleet's.
+	claim(t, rdb, opts)
+
+	// Without a record (the builds before 46ae4d4) it refuses as well.
+	rdb.Del(ctx, Key)
+	refused(t, rdb, opts, "fleetcap:control holds 2 runtime override(s) of layout 1")
+	if err := rdb.Rename(ctx, OldOverridesKey, "fleetcap:sem:control").Err(); err != nil {
+		t.Fatal(err)
+	}
 	claim(t, rdb, opts)
 }
 
@@ -178,7 +222,7 @@ func TestRenewals(t *testing.T) {
 	rdb.Del(context.Background(), Key) // as a Redis that lost its data
 	waitfor.Condition(t, 5*time.Second, "a renewal records the process and the version again", func() bool {
 		got := record(t, rdb)
-		return got["version"] == "2" && got[field] != ""
+		return got["version"] == strconv.Itoa(Version) && got[field] != ""
 	})
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
@@ -195,10 +239,10 @@ func TestRenewalFindsAnotherLayout(t *testing.T) {
 	rdb := redistest.Start(t).Client()
 	var log syncbuf.Buffer
 	l := claim(t, rdb, Options{Role: "worker", Lease: 90 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&log, nil))})
-	rdb.HSet(context.Background(), Key, "process intruder", "3 99999999999999")
+	rdb.HSet(context.Background(), Key, "process intruder", fmt.Sprintf("%d 99999999999999", newer))
 	waitfor.Condition(t, 5*time.Second, "a renewal logs the other layout", func() bool {
 		return strings.Contains(log.String(), "level=ERROR") &&
-			strings.Contains(log.String(), "1 process(es) of layout 3 hold a live lease in fleetcap:layout (intruder)")
+			strings.Contains(log.String(), fmt.Sprintf("1 process(es) of layout %d hold a live lease in fleetcap:layout (intruder)", newer))
 	})
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
@@ -225,13 +269,16 @@ func TestOnAClusterAndOnMiniredis(t *testing.T) {
 			rdb.RPush(ctx, "fleetcap:sem:{k7}:parked", "t")
 			refused(t, rdb, opts, "fleetcap:sem:{k7}:parked is a LIST")
 			rdb.Del(ctx, "fleetcap:sem:{k7}:parked")
-			old := claim(t, rdb, Options{Role: "worker", Version: 1})
+			old := claim(t, rdb, Options{Role: "worker", Version: older})
 			refused(t, rdb, opts, old.Name())
 			if err := old.Close(); err != nil {
 				t.Fatal(err)
 			}
+			rdb.HSet(ctx, OldOverridesKey, "capacity:k1", "0")
+			refused(t, rdb, opts, "fleetcap:control holds 1 runtime override(s) of layout 2")
+			rdb.Del(ctx, OldOverridesKey)
 			claim(t, rdb, opts)
-			if got := record(t, rdb)["version"]; got != "2" {
+			if got := record(t, rdb)["version"]; got != strconv.Itoa(Version) {
 				t.Errorf("version = %q", got)
 			}
 		})

@@ -1,8 +1,8 @@
 -- duty.lua: the duty of watching an idle queue for pushes (see
 -- ServerClient), held by one worker at a time.
 --
--- KEYS[1] fleetcap:idle:{<queue>}:duty  STRING: the worker on duty, leased
--- KEYS[2] fleetcap:idle:{<queue>}:bell  LIST: the doorbell idle workers wait on
+-- KEYS[1] <prefix>idle:{<queue>}:duty  STRING: the worker on duty, leased
+-- KEYS[2] <prefix>idle:{<queue>}:bell  LIST: the doorbell idle workers wait on
 -- ARGV[1] 'take': take the duty unless another worker holds it (or keep
 --         it), for ARGV[3] ms. Reply 1 on duty, 0 not.
 --         'pass': give the duty up if held, and ring the doorbell once,

@@ -1,6 +1,6 @@
-// Package fleettest runs fleets of probe workers (internal/probeworker) as
-// separate processes against one Redis, for the end-to-end tests and the
-// benchmarks.
+// Package fleettest runs fleets of probe workers
+// (internal/testutil/probeworker) as separate processes against one Redis,
+// for the end-to-end tests and the benchmarks.
 package fleettest
 
 import (
@@ -22,13 +22,13 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/fleetcap/fleetcap/internal/syncbuf"
+	"github.com/fleetcap/fleetcap/internal/testutil/syncbuf"
 )
 
 // Build compiles the probe worker into dir and returns its path; race
 // builds it with the race detector.
 func Build(dir string, race bool) (string, error) {
-	return BuildCommand(dir, "github.com/fleetcap/fleetcap/internal/probeworker", race)
+	return BuildCommand(dir, "github.com/fleetcap/fleetcap/internal/testutil/probeworker", race)
 }
 
 // BuildCommand compiles the main package pkg into dir (the binary is named

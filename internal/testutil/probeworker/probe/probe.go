@@ -1,6 +1,6 @@
 // Package probe is the payload of the probe worker's task types
-// (internal/probeworker), shared by the worker, the fleet tests and the
-// benchmarks, which enqueue probes through package producer.
+// (internal/testutil/probeworker), shared by the worker, the fleet tests and
+// the benchmarks, which enqueue probes through package producer.
 package probe
 
 import (

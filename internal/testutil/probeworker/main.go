@@ -60,7 +60,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetcap/fleetcap/config"
-	"github.com/fleetcap/fleetcap/internal/probeworker/probe"
+	"github.com/fleetcap/fleetcap/internal/testutil/probeworker/probe"
 	"github.com/fleetcap/fleetcap/semaphore"
 	"github.com/fleetcap/fleetcap/tasks"
 	"github.com/fleetcap/fleetcap/worker"
