@@ -108,17 +108,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return usageError{err}
 	}
 	reg := monitoring.NewRegistry()
-	var w *worker.Worker
-	metrics, err := monitoring.NewMetrics(reg, monitoring.MetricsOptions{KeyLabel: func(key string) string {
-		if w == nil {
-			return key
-		}
-		return w.KeyLabel(key)
-	}, RateKeyLabel: keys.RateKeyLabel})
+	metrics, err := monitoring.NewMetrics(reg)
 	if err != nil {
 		return err
 	}
-	w, err = worker.New(cfg, worker.WithObserver(metrics), worker.WithLogger(logger), worker.WithTracerProvider(tp))
+	w, err := worker.New(cfg, worker.WithObserver(metrics), worker.WithLogger(logger), worker.WithTracerProvider(tp))
 	var fileErr *worker.EmbeddedFileError
 	var layoutErr *worker.LayoutError
 	if errors.As(err, &fileErr) || errors.As(err, &layoutErr) {
@@ -128,6 +122,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer w.Close()
+	metrics.SetKeyLabels(w.KeyLabel, keys.RateKeyLabel)
 	w.Use(monitoring.TracingMiddleware(tp, monitoring.WithIsFailure(worker.IsFailure)))
 	for _, d := range defs {
 		w.Handle(d.Type, d.Handler)
