@@ -26,6 +26,7 @@ import (
 
 	"github.com/fleetcap/fleetcap/config"
 	"github.com/fleetcap/fleetcap/monitoring"
+	"github.com/fleetcap/fleetcap/monitoring/workermon"
 	"github.com/fleetcap/fleetcap/tasks"
 	"github.com/fleetcap/fleetcap/worker"
 )
@@ -103,10 +104,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}()
 
-	keys, err := worker.NewKeyIndex(cfg)
-	if err != nil {
-		return usageError{err}
-	}
 	reg := monitoring.NewRegistry()
 	metrics, err := monitoring.NewMetrics(reg)
 	if err != nil {
@@ -122,79 +119,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer w.Close()
-	metrics.SetKeyLabels(w.KeyLabel, keys.RateKeyLabel)
 	w.Use(monitoring.TracingMiddleware(tp, monitoring.WithIsFailure(worker.IsFailure)))
 	for _, d := range defs {
 		w.Handle(d.Type, d.Handler)
 	}
-	for _, k := range w.DeclaredKeys() {
-		switch k.Template {
-		case "":
-			metrics.SetCapacity(k.Key, k.Capacity)
-		case k.Key:
-			// No capacity series: the template's seats in use sum its
-			// rendered keys, which each have the capacity.
-			metrics.DeclareKey(k.Key)
-		}
-	}
-	for _, k := range keys.RateKeys() {
-		metrics.SetRateLimit(k.Key, k.Limit)
-	}
-	for _, tk := range keys.TaskKeys() {
-		whys := make([]string, len(tk.Reasons))
-		for i, r := range tk.Reasons {
-			whys[i] = string(r)
-		}
-		metrics.DeclareTask(tk.Key, tk.TaskType, tk.Rate, whys...)
-	}
-	keyInfos := func(context.Context) ([]monitoring.KeyInfo, error) {
-		keys := w.DeclaredKeys()
-		out := make([]monitoring.KeyInfo, len(keys))
-		for i, k := range keys {
-			out[i] = monitoring.KeyInfo{Key: k.Key, Capacity: k.Capacity, Template: k.Template}
-		}
-		return out, nil
-	}
-	rooms, err := monitoring.NewRoomCollector(w.Semaphore(), keyInfos, monitoring.RoomCollectorOptions{Logger: logger})
-	if err != nil {
-		return err
-	}
-	reg.MustRegister(monitoring.NewQueueCollector(w.Inspector(), monitoring.QueueCollectorOptions{Logger: logger}), rooms)
-
-	srv, err := monitoring.NewServer(monitoring.ServerOptions{
-		Addr:      cfg.Monitoring.Addr,
-		Gatherer:  reg,
-		Semaphore: w.Semaphore(),
-		Keys:      keyInfos,
-		LookupKey: func(key string) (monitoring.KeyInfo, bool) {
-			k, ok := keys.LookupCap(key)
-			return monitoring.KeyInfo{Key: k.Key, Capacity: k.Capacity, Template: k.Template}, ok
-		},
-		RateLimiter: w.Limiter(),
-		RateKeys: func(context.Context) ([]monitoring.RateKeyInfo, error) {
-			declared := keys.RateKeys()
-			out := make([]monitoring.RateKeyInfo, 0, len(declared))
-			for _, k := range declared {
-				out = append(out, rateKeyInfo(k))
-			}
-			for _, key := range w.RenderedRateKeys() {
-				if k, ok := keys.LookupRate(key); ok {
-					out = append(out, rateKeyInfo(k))
-				}
-			}
-			return out, nil
-		},
-		LookupRateKey: func(key string) (monitoring.RateKeyInfo, bool) {
-			k, ok := keys.LookupRate(key)
-			return rateKeyInfo(k), ok
-		},
-		Overrides:        w.Overrides(),
-		AdminToken:       cfg.Monitoring.AdminToken,
-		RedisConnOpt:     w.RedisConnOpt(),
-		AsynqmonWritable: !cfg.Monitoring.ReadOnly(),
-		Ready:            w.Ping,
-		Logger:           logger,
-	})
+	srv, err := workermon.NewServer(w, workermon.Options{Registry: reg, Metrics: metrics, Logger: logger})
 	if err != nil {
 		return err
 	}
@@ -225,8 +154,4 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		logger.Warn("monitoring: serve", "err", err)
 	}
 	return runErr
-}
-
-func rateKeyInfo(k worker.DeclaredRateKey) monitoring.RateKeyInfo {
-	return monitoring.RateKeyInfo{Key: k.Key, Template: k.Template, Limit: k.Limit, MaxCost: k.MaxCost}
 }
