@@ -14,7 +14,7 @@ import (
 
 	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
 	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
-	"github.com/fleetcap/fleetcap/monitoring"
+	"github.com/fleetcap/fleetcap/monitoring/workermon"
 	"github.com/fleetcap/fleetcap/worker"
 )
 
@@ -154,7 +154,7 @@ func TestCapOverrideAppliesFleetWide(t *testing.T) {
 	yaml := rateFleetYAML(srv.URL(), 6, fmt.Sprintf("    semaphore: {key: api, capacity: %d, ttl: 10s, wait_timeout: 2s}\n", capacity))
 	log := newStartLog()
 	ws := startWorkers(t, 2, yaml, map[string]asynq.HandlerFunc{"job": log.handler(100*time.Millisecond, nil)})
-	api := serveAPI(t, ws[0], yaml)
+	api := serveAPI(t, ws[0])
 	enqueueJobs(t, newProducer(t, yaml, "job"), tasks, func(i int) string { return fmt.Sprintf(`{"i":%d}`, i) })
 	waitfor.Condition(t, 10*time.Second, "the cap is reached", func() bool { return log.running.Load() == capacity })
 
@@ -211,38 +211,17 @@ type adminAPI struct{ url string }
 
 // serveAPI serves w's monitoring API (as cmd/worker does) until the test
 // ends.
-func serveAPI(t *testing.T, w *worker.Worker, yaml string) adminAPI {
+func serveAPI(t *testing.T, w *worker.Worker) adminAPI {
 	t.Helper()
-	cfg, err := worker.ParseConfig([]byte(yaml))
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys, err := worker.NewKeyIndex(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := monitoring.NewServer(monitoring.ServerOptions{
-		Semaphore: w.Semaphore(),
-		Keys: func(context.Context) ([]monitoring.KeyInfo, error) {
-			var out []monitoring.KeyInfo
-			for _, k := range w.DeclaredKeys() {
-				out = append(out, monitoring.KeyInfo{Key: k.Key, Capacity: k.Capacity, Template: k.Template})
-			}
-			return out, nil
-		},
-		LookupKey: func(key string) (monitoring.KeyInfo, bool) {
-			k, ok := keys.LookupCap(key)
-			return monitoring.KeyInfo{Key: k.Key, Capacity: k.Capacity, Template: k.Template}, ok
-		},
-		Overrides:  w.Overrides(),
-		AdminToken: "secret",
-		Ready:      w.Ping,
-	})
+	srv, err := workermon.NewServer(w, workermon.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	hs := httptest.NewServer(srv.Handler())
-	t.Cleanup(hs.Close)
+	t.Cleanup(func() {
+		hs.Close()
+		_ = srv.Shutdown(context.Background()) // closes asynqmon's Redis
+	})
 	return adminAPI{url: hs.URL}
 }
 

@@ -5,6 +5,7 @@ package monitoring
 
 import (
 	"errors"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -13,29 +14,15 @@ import (
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
-// MetricsOptions tunes NewMetrics.
-type MetricsOptions struct {
-	// KeyLabel maps a semaphore key to the value of the "key" label. A worker
-	// with per-tenant keys ("tenant:{tenant_id}" rendered for 10,000
-	// tenants) maps each rendered key back to its template so that the
-	// label stays bounded. It is called on every event and must be fast and
-	// safe for concurrent use. Default: the key itself.
-	KeyLabel func(key string) string
-	// RateKeyLabel does for rate-limit keys what KeyLabel does for
-	// semaphore keys (a rendered "stripe:{account_id}" key is labelled by
-	// its template). Default: the key itself.
-	RateKeyLabel func(key string) string
-}
-
 // Metrics is the Prometheus side of fleetcap: it receives the semaphore's
 // events (it is a semaphore.Observer), the rate limiter's (a
 // ratelimit.Observer) and the worker's (Requeued, LeaseLost, Waiting), and
 // exports them as the series listed in SPEC §1.3 plus the
 // fleetcap_* series an operator needs. Gauges are per process; sum them
-// across instances. Create it with NewMetrics.
+// across instances. Create it with NewMetrics; a worker's rendered keys are
+// labelled by their templates once SetKeyLabels names them.
 type Metrics struct {
-	keyLabel     func(string) string
-	rateKeyLabel func(string) string
+	labels atomic.Pointer[keyLabels]
 
 	acquisitions  *prometheus.CounterVec
 	acquireFailed *prometheus.CounterVec
@@ -72,23 +59,19 @@ var HoldBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
 // from a millisecond (a token almost due) to an hour (a rate per hour).
 var RetryAfterBuckets = []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}
 
+// keyLabels map keys to the value of the "key" label (see SetKeyLabels).
+type keyLabels struct {
+	key, rateKey func(key string) string
+}
+
 // NewMetrics creates the metrics and registers them on reg, which should be
 // the process's private registry (see NewRegistry), not the global one.
-func NewMetrics(reg prometheus.Registerer, opts MetricsOptions) (*Metrics, error) {
+// Until SetKeyLabels, every key is its own label.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	if reg == nil {
 		return nil, errors.New("monitoring: NewMetrics: nil Registerer")
 	}
-	keyLabel := opts.KeyLabel
-	if keyLabel == nil {
-		keyLabel = func(key string) string { return key }
-	}
-	rateKeyLabel := opts.RateKeyLabel
-	if rateKeyLabel == nil {
-		rateKeyLabel = func(key string) string { return key }
-	}
 	m := &Metrics{
-		keyLabel:     keyLabel,
-		rateKeyLabel: rateKeyLabel,
 		acquisitions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "redisx_semaphore_acquisitions_total",
 			Help: "Acquire and TryAcquire calls by outcome: acquired, or failed (full, timeout, exhausted, error, shutdown, canceled).",
@@ -149,11 +132,39 @@ func NewMetrics(reg prometheus.Registerer, opts MetricsOptions) (*Metrics, error
 			Help: "Declared fleet-wide rate of a rate-limit key, in tokens per second (per rendered key for a template).",
 		}, []string{"key"}),
 	}
+	m.SetKeyLabels(nil, nil)
 	if err := reg.Register(m); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
+
+// SetKeyLabels sets how keys map to the value of the "key" label: keyLabel
+// for semaphore keys, rateKeyLabel for rate-limit keys; nil maps a key to
+// itself. A worker with per-tenant keys ("tenant:{tenant_id}" rendered for
+// 10,000 tenants) maps each rendered key back to its template, so that the
+// label stays bounded (worker.Worker's KeyLabel and KeyIndex's
+// RateKeyLabel). The metrics are the worker's Observer and so exist before
+// the worker that names the keys: set the labels once it does, before it
+// runs and before the series of its keys are declared. Both functions are
+// called on every event and must be fast and safe for concurrent use.
+func (m *Metrics) SetKeyLabels(keyLabel, rateKeyLabel func(key string) string) {
+	self := func(key string) string { return key }
+	l := &keyLabels{key: keyLabel, rateKey: rateKeyLabel}
+	if l.key == nil {
+		l.key = self
+	}
+	if l.rateKey == nil {
+		l.rateKey = self
+	}
+	m.labels.Store(l)
+}
+
+// keyLabel is the label of a semaphore key.
+func (m *Metrics) keyLabel(key string) string { return m.labels.Load().key(key) }
+
+// rateKeyLabel is the label of a rate-limit key.
+func (m *Metrics) rateKeyLabel(key string) string { return m.labels.Load().rateKey(key) }
 
 // NewRegistry returns a private registry that already holds the Go runtime
 // and process collectors; register Metrics and a QueueCollector on it and
@@ -270,7 +281,7 @@ func (m *Metrics) ActiveChanged(key string, delta int) {
 // Requeued counts a task the worker gave back to the queue without a
 // failure; why is one of the worker's RequeueReasons ("full", "timeout",
 // "shutdown", "lease_lost", "error", or "rate_limited", whose key is a
-// rate limit's and is labelled as RateKeyLabel says).
+// rate limit's and is labelled as a rate-limit key (see SetKeyLabels)).
 func (m *Metrics) Requeued(key, taskType, why string) {
 	k := m.keyLabel(key)
 	if why == "rate_limited" {

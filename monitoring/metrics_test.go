@@ -27,7 +27,7 @@ func templateOf(prefix, template string) func(string) string {
 
 func TestMetricsFromObserverEvents(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m, err := NewMetrics(reg, MetricsOptions{})
+	m, err := NewMetrics(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestMetricsFromObserverEvents(t *testing.T) {
 
 func TestMetricsSetCapacityCreatesZeroSeries(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m, err := NewMetrics(reg, MetricsOptions{})
+	m, err := NewMetrics(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,10 +93,11 @@ func TestMetricsSetCapacityCreatesZeroSeries(t *testing.T) {
 // under the rate limit's label.
 func TestMetricsDeclaredSeriesStartAtZero(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m, err := NewMetrics(reg, MetricsOptions{RateKeyLabel: templateOf("stripe:", "stripe:{account_id}")})
+	m, err := NewMetrics(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	m.SetKeyLabels(nil, templateOf("stripe:", "stripe:{account_id}"))
 	m.SetCapacity("legacy-api", 5)
 	m.DeclareKey("tenant:{tenant_id}")
 	m.DeclareTask("legacy-api", "report:fetch", false, "full", "timeout")
@@ -201,10 +202,11 @@ func TestStandbyThenSeatIsNotAFailure(t *testing.T) {
 
 func TestMetricsKeyLabelBoundsCardinality(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m, err := NewMetrics(reg, MetricsOptions{KeyLabel: templateOf("tenant:", "tenant:{tenant_id}")})
+	m, err := NewMetrics(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	m.SetKeyLabels(templateOf("tenant:", "tenant:{tenant_id}"), nil)
 	for i := range 1000 {
 		key := "tenant:" + string(rune('a'+i%26)) + strings.Repeat("x", i/26)
 		m.Acquire(semaphore.AcquireEvent{Key: key, Capacity: 2, Outcome: semaphore.OutcomeAcquired, Attempts: 1})
@@ -223,14 +225,14 @@ func TestMetricsKeyLabelBoundsCardinality(t *testing.T) {
 }
 
 func TestNewMetricsErrors(t *testing.T) {
-	if _, err := NewMetrics(nil, MetricsOptions{}); err == nil {
+	if _, err := NewMetrics(nil); err == nil {
 		t.Error("nil registerer: want an error")
 	}
 	reg := prometheus.NewRegistry()
-	if _, err := NewMetrics(reg, MetricsOptions{}); err != nil {
+	if _, err := NewMetrics(reg); err != nil {
 		t.Fatal(err)
 	}
-	_, err := NewMetrics(reg, MetricsOptions{})
+	_, err := NewMetrics(reg)
 	var are prometheus.AlreadyRegisteredError
 	if !errors.As(err, &are) {
 		t.Errorf("second registration: err = %v, want AlreadyRegisteredError", err)
@@ -262,10 +264,11 @@ var _ workerObserver = (*Metrics)(nil)
 // limited takes with the wait until their token.
 func TestRateLimitMetricsFromARealLimiter(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m, err := NewMetrics(reg, MetricsOptions{RateKeyLabel: templateOf("stripe:", "stripe:{account_id}")})
+	m, err := NewMetrics(reg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	m.SetKeyLabels(nil, templateOf("stripe:", "stripe:{account_id}"))
 	limit := ratelimit.Limit{Rate: 1, Per: time.Minute, Burst: 1}
 	m.SetRateLimit("stripe:{account_id}", limit)
 	m.SetRateLimit("slack", ratelimit.Limit{Rate: 2, Per: time.Second, Burst: 2})

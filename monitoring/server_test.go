@@ -52,7 +52,7 @@ func newFixture(t *testing.T, fo fixtureOptions) *fixture {
 	t.Helper()
 	f := &fixture{redis: redistest.Start(t), reg: NewRegistry(), logs: &syncbuf.Buffer{}}
 	var err error
-	if f.metrics, err = NewMetrics(f.reg, MetricsOptions{}); err != nil {
+	if f.metrics, err = NewMetrics(f.reg); err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range fo.keys {

@@ -20,12 +20,13 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"sort"
+	"slices"
 	"syscall"
 	"time"
 
 	"github.com/fleetcap/fleetcap/config"
 	"github.com/fleetcap/fleetcap/monitoring"
+	"github.com/fleetcap/fleetcap/monitoring/workermon"
 	"github.com/fleetcap/fleetcap/tasks"
 	"github.com/fleetcap/fleetcap/worker"
 )
@@ -60,37 +61,10 @@ func exitCode(err error, stderr io.Writer) int {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	configPath := fs.String("config", "config.yaml", "path of the config file")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return usageError{err}
-	}
-	if fs.NArg() > 0 {
-		return usageError{fmt.Errorf("unexpected arguments %q (usage: worker [--config PATH])", fs.Args())}
-	}
-	cfg, err := config.LoadConfig(*configPath)
+	cfg, handlers, err := loadConfig(args, stderr)
 	if err != nil {
-		return usageError{err}
+		return err
 	}
-	defs := map[string]tasks.Definition{}
-	for _, d := range tasks.All() {
-		defs[d.Type] = d
-	}
-	var unknown []string
-	for _, typ := range cfg.TaskTypes() {
-		if _, ok := defs[typ]; !ok {
-			unknown = append(unknown, typ)
-		}
-	}
-	if len(unknown) > 0 {
-		sort.Strings(unknown)
-		return usageError{fmt.Errorf("config: tasks: no handler in this worker for task types %q", unknown)}
-	}
-
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
 	tp, shutdownTracing, err := monitoring.SetupTracing(ctx, "fleetcap-worker")
 	if err != nil {
@@ -103,103 +77,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}()
 
-	keys, err := worker.NewKeyIndex(cfg)
-	if err != nil {
-		return usageError{err}
-	}
 	reg := monitoring.NewRegistry()
-	var w *worker.Worker
-	metrics, err := monitoring.NewMetrics(reg, monitoring.MetricsOptions{KeyLabel: func(key string) string {
-		if w == nil {
-			return key
-		}
-		return w.KeyLabel(key)
-	}, RateKeyLabel: keys.RateKeyLabel})
+	metrics, err := monitoring.NewMetrics(reg)
 	if err != nil {
 		return err
 	}
-	w, err = worker.New(cfg, worker.WithObserver(metrics), worker.WithLogger(logger), worker.WithTracerProvider(tp))
-	var fileErr *worker.EmbeddedFileError
-	var layoutErr *worker.LayoutError
-	if errors.As(err, &fileErr) || errors.As(err, &layoutErr) {
-		return usageError{err}
-	}
+	w, err := worker.New(cfg, worker.WithObserver(metrics), worker.WithLogger(logger), worker.WithTracerProvider(tp))
 	if err != nil {
-		return err
+		return startError(err)
 	}
 	defer w.Close()
 	w.Use(monitoring.TracingMiddleware(tp, monitoring.WithIsFailure(worker.IsFailure)))
-	for _, d := range defs {
+	for _, d := range handlers {
 		w.Handle(d.Type, d.Handler)
 	}
-	for _, k := range w.DeclaredKeys() {
-		switch k.Template {
-		case "":
-			metrics.SetCapacity(k.Key, k.Capacity)
-		case k.Key:
-			// No capacity series: the template's seats in use sum its
-			// rendered keys, which each have the capacity.
-			metrics.DeclareKey(k.Key)
-		}
-	}
-	for _, k := range keys.RateKeys() {
-		metrics.SetRateLimit(k.Key, k.Limit)
-	}
-	for _, tk := range keys.TaskKeys() {
-		whys := make([]string, len(tk.Reasons))
-		for i, r := range tk.Reasons {
-			whys[i] = string(r)
-		}
-		metrics.DeclareTask(tk.Key, tk.TaskType, tk.Rate, whys...)
-	}
-	keyInfos := func(context.Context) ([]monitoring.KeyInfo, error) {
-		keys := w.DeclaredKeys()
-		out := make([]monitoring.KeyInfo, len(keys))
-		for i, k := range keys {
-			out[i] = monitoring.KeyInfo{Key: k.Key, Capacity: k.Capacity, Template: k.Template}
-		}
-		return out, nil
-	}
-	rooms, err := monitoring.NewRoomCollector(w.Semaphore(), keyInfos, monitoring.RoomCollectorOptions{Logger: logger})
-	if err != nil {
-		return err
-	}
-	reg.MustRegister(monitoring.NewQueueCollector(w.Inspector(), monitoring.QueueCollectorOptions{Logger: logger}), rooms)
 
-	srv, err := monitoring.NewServer(monitoring.ServerOptions{
-		Addr:      cfg.Monitoring.Addr,
-		Gatherer:  reg,
-		Semaphore: w.Semaphore(),
-		Keys:      keyInfos,
-		LookupKey: func(key string) (monitoring.KeyInfo, bool) {
-			k, ok := keys.LookupCap(key)
-			return monitoring.KeyInfo{Key: k.Key, Capacity: k.Capacity, Template: k.Template}, ok
-		},
-		RateLimiter: w.Limiter(),
-		RateKeys: func(context.Context) ([]monitoring.RateKeyInfo, error) {
-			declared := keys.RateKeys()
-			out := make([]monitoring.RateKeyInfo, 0, len(declared))
-			for _, k := range declared {
-				out = append(out, rateKeyInfo(k))
-			}
-			for _, key := range w.RenderedRateKeys() {
-				if k, ok := keys.LookupRate(key); ok {
-					out = append(out, rateKeyInfo(k))
-				}
-			}
-			return out, nil
-		},
-		LookupRateKey: func(key string) (monitoring.RateKeyInfo, bool) {
-			k, ok := keys.LookupRate(key)
-			return rateKeyInfo(k), ok
-		},
-		Overrides:        w.Overrides(),
-		AdminToken:       cfg.Monitoring.AdminToken,
-		RedisConnOpt:     w.RedisConnOpt(),
-		AsynqmonWritable: !cfg.Monitoring.ReadOnly(),
-		Ready:            w.Ping,
-		Logger:           logger,
-	})
+	srv, err := workermon.NewServer(w, workermon.Options{Registry: reg, Metrics: metrics, Logger: logger})
 	if err != nil {
 		return err
 	}
@@ -209,16 +102,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(l) }()
-	base := "http://" + l.Addr().String()
-	where := "embedded Redis at " + cfg.Redis.EmbeddedAddr
-	if !cfg.Redis.Embedded() {
-		where = "Redis from the config"
-	}
-	fmt.Fprintf(stdout, "fleetcap worker on %s\n  semaphores: %s/semaphores\n  asynqmon:   %s/monitoring/\n  metrics:    %s/metrics\n",
-		where, base, base, base)
-	if cfg.Redis.Embedded() && cfg.Redis.EmbeddedFile != "" {
-		fmt.Fprintf(stdout, "  kept in:    %s (saved at stop, loaded at start)\n", cfg.Redis.EmbeddedFile)
-	}
+	printPages(stdout, cfg, "http://"+l.Addr().String())
 
 	runErr := w.Run(ctx)
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -232,6 +116,60 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return runErr
 }
 
-func rateKeyInfo(k worker.DeclaredRateKey) monitoring.RateKeyInfo {
-	return monitoring.RateKeyInfo{Key: k.Key, Template: k.Template, Limit: k.Limit, MaxCost: k.MaxCost}
+// loadConfig parses the arguments and loads the config, whose task types
+// must each have a handler in package tasks; it returns those handlers.
+func loadConfig(args []string, stderr io.Writer) (*config.Config, []tasks.Definition, error) {
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	configPath := fs.String("config", "config.yaml", "path of the config file")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, nil, err
+		}
+		return nil, nil, usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return nil, nil, usageError{fmt.Errorf("unexpected arguments %q (usage: worker [--config PATH])", fs.Args())}
+	}
+	cfg, err := config.LoadConfig(*configPath)
+	if err != nil {
+		return nil, nil, usageError{err}
+	}
+	handlers := tasks.All()
+	var unknown []string // sorted, as TaskTypes is
+	for _, typ := range cfg.TaskTypes() {
+		if !slices.ContainsFunc(handlers, func(d tasks.Definition) bool { return d.Type == typ }) {
+			unknown = append(unknown, typ)
+		}
+	}
+	if len(unknown) > 0 {
+		return nil, nil, usageError{fmt.Errorf("config: tasks: no handler in this worker for task types %q", unknown)}
+	}
+	return cfg, handlers, nil
+}
+
+// startError is a worker that did not start: bad input (exit 2) when the
+// embedded Redis's file is unreadable or Redis holds another build's
+// layout of fleetcap's keys.
+func startError(err error) error {
+	var fileErr *worker.EmbeddedFileError
+	var layoutErr *worker.LayoutError
+	if errors.As(err, &fileErr) || errors.As(err, &layoutErr) {
+		return usageError{err}
+	}
+	return err
+}
+
+// printPages says where the worker's Redis and pages are; base is the
+// monitoring server's URL.
+func printPages(stdout io.Writer, cfg *config.Config, base string) {
+	where := "embedded Redis at " + cfg.Redis.EmbeddedAddr
+	if !cfg.Redis.Embedded() {
+		where = "Redis from the config"
+	}
+	fmt.Fprintf(stdout, "fleetcap worker on %s\n  semaphores: %s/semaphores\n  asynqmon:   %s/monitoring/\n  metrics:    %s/metrics\n",
+		where, base, base, base)
+	if cfg.Redis.Embedded() && cfg.Redis.EmbeddedFile != "" {
+		fmt.Fprintf(stdout, "  kept in:    %s (saved at stop, loaded at start)\n", cfg.Redis.EmbeddedFile)
+	}
 }
