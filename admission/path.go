@@ -102,7 +102,7 @@ func (a *Admitter) Start(ctx context.Context) { a.runCtx = ctx }
 type heldSeat struct {
 	Limit
 	permit *semaphore.Permit
-	kept   bool // the seat kept the token's arrival in the room (see settle)
+	entry  *semaphore.Entry // its standby place, held until the task starts (see settle)
 }
 
 // Admission is a task admitted past its limits: it holds a seat of each
@@ -136,11 +136,9 @@ func (a *Admitter) Admit(ctx context.Context, taskType string, t *asynq.Task) (*
 	if back != nil {
 		return nil, back, nil
 	}
-	// It starts: the arrivals its seats kept in the rooms (a task with
-	// several caps) go, without making it wait for that.
-	if len(held) > 1 {
-		go a.settle(ctx, slices.Clone(held))
-	}
+	// It starts: its standby places go to the next tokens, without making
+	// it wait for that.
+	go a.settle(ctx, slices.Clone(held))
 	return &Admission{a: a, taskType: taskType, held: held}, nil, nil
 }
 
@@ -251,7 +249,7 @@ func (a *Admitter) takeSeats(ctx context.Context, caps []Limit, token string) ([
 		if back != nil {
 			return nil, back
 		}
-		taken[i].permit, taken[i].kept = p, len(caps) > 1
+		taken[i].permit, taken[i].entry = p, entry
 	}
 }
 
@@ -286,11 +284,7 @@ func (a *Admitter) enterAll(ctx context.Context, taken []heldSeat, token string)
 			continue
 		}
 		l := taken[i].Limit
-		opts := a.permitOptions(ctx, l)
-		if len(taken) > 1 {
-			opts = append(opts, semaphore.WithKeepArrival())
-		}
-		e, err := a.Semaphore.Enter(ctx, l.Key, l.Capacity, token, a.room(l), opts...)
+		e, err := a.Semaphore.Enter(ctx, l.Key, l.Capacity, token, a.room(l), a.permitOptions(ctx, l)...)
 		if err != nil {
 			return i, nil, a.acquireFailed(l.Key, err)
 		}
@@ -303,33 +297,42 @@ func (a *Admitter) enterAll(ctx context.Context, taken []heldSeat, token string)
 		if len(taken) > 1 {
 			a.full.forget(l.Key)
 		}
-		taken[i].permit, taken[i].kept = e.Permit, e.Kept
+		taken[i].permit, taken[i].entry = e.Permit, e
 	}
 	return -1, nil, nil
 }
 
-// giveBack releases the seats taken so far: the task does not start now.
-// A task with several caps keeps its arrival in each room (its seats kept
-// it aside) for when it comes back.
+// giveBack releases the seats taken so far, and steps aside from their
+// standby places: the task does not start now, and keeps its arrival in
+// each room for when it comes back.
 func (a *Admitter) giveBack(ctx context.Context, taken []heldSeat) {
 	for i, hs := range taken {
 		if hs.permit != nil {
 			a.release(ctx, hs.Key, hs.permit)
 			taken[i].permit = nil
 		}
+		if hs.entry == nil {
+			continue
+		}
+		taken[i].entry = nil
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeCallTimeout)
+		if err := hs.entry.StepAside(sctx); err != nil {
+			a.Logger.Warn("worker: give up a standby place (it lapses by itself)", "key", hs.Key, "err", err)
+		}
+		cancel()
 	}
 }
 
-// settle forgets the arrivals the seats of a task with several caps kept
-// in their rooms: it runs.
+// settle gives up the standby places the task's seats still hold (see
+// semaphore.Entry.Settle): the task starts.
 func (a *Admitter) settle(ctx context.Context, held []heldSeat) {
 	for _, hs := range held {
-		if !hs.kept {
+		if hs.entry == nil {
 			continue
 		}
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeCallTimeout)
-		if err := a.Semaphore.Dismiss(sctx, hs.Key, TokenOf(ctx).String()); err != nil {
-			a.Logger.Warn("worker: forget the arrival of a task that runs (it lapses with the room)", "key", hs.Key, "err", err)
+		if err := hs.entry.Settle(sctx); err != nil {
+			a.Logger.Warn("worker: give up a standby place (it lapses by itself)", "key", hs.Key, "err", err)
 		}
 		cancel()
 	}

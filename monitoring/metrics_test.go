@@ -171,6 +171,9 @@ func TestStandbyThenSeatIsNotAFailure(t *testing.T) {
 	if err := <-got; err != nil {
 		t.Fatalf("the task standing by: %v", err)
 	}
+	if err := e.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
 	// A second task finds the seat free; a third, with the seat taken and
 	// the place too, is parked: that is a seat not taken for want of one.
 	f.hold(t, "legacy-api", 1, 1, "again")

@@ -15,7 +15,6 @@ type acquireConfig struct {
 	autoRenew   bool
 	holder      string
 	roomTTL     time.Duration // how long the waiting room's keys outlive a call (Enter)
-	keepArrival bool          // Enter: a seat keeps the token's arrival (WithKeepArrival)
 	err         error
 }
 
@@ -65,14 +64,6 @@ func WithAutoRenew() AcquireOption {
 // passes the task ID.
 func WithHolder(label string) AcquireOption {
 	return func(c *acquireConfig) { c.holder = label }
-}
-
-// WithKeepArrival is for Enter, for a task that has other caps to take
-// after this one: a seat keeps the token's arrival in the room (aside), in
-// case another cap sends the task back to wait; Dismiss the token once the
-// task runs (Entry.Kept says whether there is one to dismiss).
-func WithKeepArrival() AcquireOption {
-	return func(c *acquireConfig) { c.keepArrival = true }
 }
 
 func (s *Service) acquireConfig(key string, permits int, opts []AcquireOption) (acquireConfig, error) {

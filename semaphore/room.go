@@ -63,21 +63,43 @@ type Entry struct {
 	// Standby reports a standby place: the task may Wait in its slot for
 	// the next seat. Neither a permit nor a place: the token is parked and
 	// the task should go back to its queue.
-	Standby bool
-	// Kept reports that the seat kept the token's arrival in the room
-	// (Enter WithKeepArrival): Dismiss the token once the task runs.
-	Kept bool
+	Standby    bool
+	s          *Service
+	w          *waiter
+	key, token string
+	holdsPlace bool // the token holds a standby place until Settle or StepAside
+}
 
-	s *Service
-	w *waiter
+// Settle gives up the token's standby place, if it holds one, once its
+// task took its seat and starts: the place goes to the next token. A task
+// keeps its place from its seat to its start, so that the slots holding a
+// task that does not run never outnumber the places.
+func (e *Entry) Settle(ctx context.Context) error {
+	if !e.holdsPlace {
+		return nil
+	}
+	e.holdsPlace = false
+	return e.s.tokenCall(ctx, settleScript, "settle on", e.key, e.token)
+}
+
+// StepAside gives up the token's standby place, if it holds one, when its
+// task goes back without starting (it waits for another key, or goes back
+// to its queue): the place goes to the next token, and the token keeps its
+// arrival for when it comes back (see Service.StepAside).
+func (e *Entry) StepAside(ctx context.Context) error {
+	if !e.holdsPlace {
+		return nil
+	}
+	e.holdsPlace = false
+	return e.s.StepAside(ctx, e.key, e.token)
 }
 
 // Enter asks for a seat of key (a semaphore of permits seats; 0 pauses
 // it: no seat is given, nobody stands by) for the task of token, which is
 // in a slot now: it takes a free seat unless tasks that came first wait in
 // a slot, or a standby place while nobody waits in the room, or else
-// parks the token. opts are those of the permit it may take, and
-// WithKeepArrival.
+// parks the token. opts are those of the permit it may take. A seat taken
+// by a task that held a standby place keeps the place until Settle.
 func (s *Service) Enter(ctx context.Context, key string, permits int, token string, room Room, opts ...AcquireOption) (*Entry, error) {
 	if err := s.checkRoomCall(key, permits, token, room); err != nil {
 		return nil, err
@@ -87,7 +109,7 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 		return nil, err
 	}
 	cfg.roomTTL = room.TTL
-	e := &Entry{s: s}
+	e := &Entry{s: s, key: key, token: token}
 	_, err = s.observed(ctx, key, permits, func(ctx context.Context) (*Permit, int, error) {
 		if s.isClosed() {
 			return nil, 0, &AcquisitionError{Key: key, Reason: ReasonShutdown, Err: ErrClosed}
@@ -95,16 +117,13 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 		req := s.newRequest(key, permits, cfg)
 		e.w = newWaiter(req, token)
 		s.add(e.w)
-		keep := "0"
-		if cfg.keepArrival {
-			keep = "1"
-		}
-		p, rep, err := s.ask(req, e.w, "enter", append(room.args(), "keep", keep)...)
+		p, rep, err := s.ask(req, e.w, "enter", room.args()...)
 		if err != nil {
 			s.remove(e.w)
 			return nil, 1, &AcquisitionError{Key: key, Reason: ReasonError, Attempts: 1, Err: err}
 		}
 		e.Standby = rep.str("outcome") == "standby"
+		e.holdsPlace = e.Standby
 		if !e.Standby {
 			s.remove(e.w)
 		} else {
@@ -116,7 +135,7 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 			return nil, 1, nil
 		}
 		kept, _ := rep.int("kept")
-		e.Kept = kept == 1
+		e.holdsPlace = kept == 1
 		e.Permit, _, err = s.keepUnlessClosed(p, 1)
 		return e.Permit, 1, err
 	})
@@ -128,9 +147,10 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 
 // Wait waits in the slot for the next seat, the seat coming to it first
 // come first served, as to a waiting Acquire (opts as Acquire's: the wait
-// budget is WithWaitTimeout). It is for an Entry with a standby place:
-// when Wait gives up, the token goes back among the parked, keeping its
-// arrival, and its place goes to the next.
+// budget is WithWaitTimeout). It is for an Entry with a standby place,
+// which its seat keeps until Settle; when Wait gives up, the token goes
+// back among the parked, keeping its arrival, and its place goes to the
+// next.
 func (e *Entry) Wait(ctx context.Context, opts ...AcquireOption) (*Permit, error) {
 	if !e.Standby || e.w == nil {
 		return nil, errors.New("semaphore: Entry.Wait without a standby place")
@@ -148,9 +168,13 @@ func (e *Entry) Wait(ctx context.Context, opts ...AcquireOption) (*Permit, error
 		}
 	}
 	w.req.started = time.Now()
-	return e.s.observed(ctx, w.req.key, w.req.capacity, func(ctx context.Context) (*Permit, int, error) {
+	p, err := e.s.observed(ctx, w.req.key, w.req.capacity, func(ctx context.Context) (*Permit, int, error) {
 		return e.s.await(ctx, w, "park")
 	})
+	if err != nil {
+		e.holdsPlace = false // parked: the place went on
+	}
+	return p, err
 }
 
 // Park gives up the Entry's standby place without waiting: the token goes
@@ -161,7 +185,7 @@ func (e *Entry) Park(ctx context.Context) error {
 		return errors.New("semaphore: Entry.Park without a standby place")
 	}
 	w := e.w
-	e.w = nil
+	e.w, e.holdsPlace = nil, false
 	e.s.giveUp(w, "park")
 	return nil
 }
@@ -224,7 +248,7 @@ func (s *Service) tokenCall(ctx context.Context, script *redis.Script, what, key
 	if err := checkToken(token); err != nil {
 		return err
 	}
-	rep, err := s.runNamed(ctx, script, s.keysFor(key), s.settleArgs(key, "token", token)...)
+	rep, err := s.runBatched(script, s.keysFor(key), s.settleArgs(key, "token", token)...)
 	if err != nil {
 		return fmt.Errorf("semaphore: %s %q: %w", what, key, err)
 	}

@@ -60,10 +60,9 @@ func enter(t *testing.T, s *semaphore.Service, key string, capacity int, token s
 
 // TestRoomLetsOutInArrivalOrder: tasks that find no seat stand by while
 // places are free, then go to the room; a token parks once, keeping its
-// first place however often its task comes back; a seat freed goes to the
-// task standing by, whose place goes to the first parked token in the same
-// call; and as places free the tokens that came first are let out, each
-// once.
+// first place however often its task comes back; a task keeps its place
+// from its seat until it starts (Settle); and as places free the tokens
+// that came first are let out, each once.
 func TestRoomLetsOutInArrivalOrder(t *testing.T) {
 	srv := redistest.Start(t)
 	woken := make(wakeLog, 16)
@@ -109,6 +108,11 @@ func TestRoomLetsOutInArrivalOrder(t *testing.T) {
 	if p == nil {
 		t.FailNow()
 	}
+	// t1 keeps its place until it starts.
+	woken.none(t)
+	if err := standing.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if token := woken.next(t); token != "t2" {
 		t.Fatalf("let out %q, want t2 (parked first)", token)
 	}
@@ -124,6 +128,9 @@ func TestRoomLetsOutInArrivalOrder(t *testing.T) {
 	}
 	p2, err := e2.Wait(ctx, semaphore.WithWaitTimeout(5*time.Second))
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e2.Settle(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if token := woken.next(t); token != "t3" {
@@ -241,7 +248,13 @@ func TestRoomPlaces(t *testing.T) {
 	if c.Permit == nil {
 		t.Fatal("c, let out of the room, found no seat")
 	}
-	// Its seat used its place up.
+	// c keeps its place until it starts.
+	if ok, err := s.Reserve(ctx, key, 1, "d", room); err != nil || ok {
+		t.Fatalf("Reserve while c, seated, has not started = %v, %v", ok, err)
+	}
+	if err := c.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if ok, err := s.Reserve(ctx, key, 1, "d", room); err != nil || !ok {
 		t.Fatalf("Reserve with the place free again = %v, %v", ok, err)
 	}
@@ -271,7 +284,7 @@ func TestForceReleaseLetsTokensOut(t *testing.T) {
 }
 
 // TestHandOverLetsTokensOut: a seat handed to a standing-by task in memory
-// uses its place up: the next token is let out in the same call.
+// frees that task's place once it starts: the next token is let out.
 func TestHandOverLetsTokensOut(t *testing.T) {
 	srv := redistest.Start(t)
 	woken := make(wakeLog, 16)
@@ -302,6 +315,10 @@ func TestHandOverLetsTokensOut(t *testing.T) {
 	defer p.Release(ctx)
 	if s.LocalHandOvers() == handed {
 		t.Fatal("the seat did not go by a local hand-over: the test did not exercise it")
+	}
+	woken.none(t)
+	if err := standing.Settle(ctx); err != nil {
+		t.Fatal(err)
 	}
 	if token := woken.next(t); token != "b" {
 		t.Fatalf("let out %q, want b", token)

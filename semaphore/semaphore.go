@@ -72,6 +72,7 @@ var (
 	dismissScript      = roomScript("dismiss.lua")
 	admitScript        = roomScript("admit.lua")
 	asideScript        = roomScript("aside.lua")
+	settleScript       = roomScript("settle.lua")
 	extendScript       = script("extend.lua")
 	holdersScript      = script("holders.lua")
 	heldScript         = script("held.lua")

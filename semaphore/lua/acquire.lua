@@ -25,8 +25,6 @@
 --             places; ms a place held from a slot lasts; ms a place waits
 --             for its task to show up; ms the room's keys outlive this call
 --
---   keep      enter: '1' when the task has other caps to take: a seat
---             keeps its arrival here (aside) instead of forgetting it
 --   mine      recheck: how many of the process's waiting tokens follow,
 --             as t1, m1, t2, m2, ... (token, and the member of the seat it
 --             asked for): those given a seat are named in granted; when
@@ -36,7 +34,8 @@
 -- Reply, name/value pairs: outcome (seat | standby | waiting | parked |
 -- full), now (ms), arrival (the token's, µs), earliest (the soonest lease
 -- expiry, ms, when no seat was given; 0 for none), free (seats still
--- free), kept (1 when a seat kept the token's arrival aside), granted
+-- free), kept (1 when a seat kept the token's standby place: settle it
+-- once the task starts, settle.lua), granted
 -- (token, member pairs: the caller's waiters given a seat),
 -- woken (tokens let out of the room, for the caller to bring back), lost
 -- (recheck: the caller's tokens to join again).
@@ -46,7 +45,7 @@ local mode, token, capacity = a.mode, a.token or '', tonumber(a.capacity)
 
 -- slot is a waiting token's slots entry (see room.lua).
 local function slot(x)
-  return x.channel .. '\t' .. x.id .. '\t' .. x.ttl .. '\t' .. x.capacity .. '\t' .. (x.keep or '0') .. '\t' .. (x.label or '')
+  return x.channel .. '\t' .. x.id .. '\t' .. x.ttl .. '\t' .. x.capacity .. '\t' .. (x.label or '')
 end
 local now, t = clock()
 local nowus = micros(t)
@@ -94,10 +93,11 @@ elseif free > 0 and mode ~= 'reserve' then
   free = free - 1
   outcome = 'seat'
   if roomed and token ~= '' then
-    if a.keep == '1' then
-      -- A task with other caps still to take keeps its arrival here, in
-      -- case one of them sends it back to wait (Dismiss it once it runs).
-      stepAside(token, nowus)
+    -- A task that holds a standby place keeps it until it starts (its
+    -- caller settles it), so that the slots holding a task that does not
+    -- run never outnumber the places; any other leaves the room now.
+    if redis.call('ZSCORE', KEYS[6], token) then
+      redis.call('ZREM', KEYS[5], token)
       kept = 1
     else
       forget(token)

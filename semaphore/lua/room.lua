@@ -23,9 +23,8 @@
 --                  permit id, or a permit id, "\n" and its holder label
 -- KEYS[2] waiting  ZSET token -> arrival (server µs): tokens in a process
 -- KEYS[3] slots    HASH token -> "channel\tpermit id\tttl ms\tcapacity\t
---                  keep\tlabel": where to send a waiting token's seat, the
---                  seat it gets, the capacity it asked for, and whether its
---                  seat keeps its arrival aside ('1', see acquire.lua)
+--                  label": where to send a waiting token's seat, the seat
+--                  it gets, and the capacity it asked for
 -- KEYS[4] procs    ZSET channel -> when the process's presence lapses
 --                  (server ms): a seat is never sent to a gone process
 -- KEYS[5] parked   ZSET token -> arrival (server µs)
@@ -137,7 +136,9 @@ end
 -- grant gives free seats to the tokens waiting in a process, first come
 -- first served, as long as seats are free (and, with before, to those that
 -- arrived before it). A token's seat is the permit it asked for (its slots
--- entry); a standby place it held is used up. Seats for the caller's own
+-- entry). A task standing by keeps its standby place until it starts (its
+-- caller settles it, settle.lua), so that the slots holding a task that
+-- does not run never outnumber the places. Seats for the caller's own
 -- channel are returned, the others are sent on their process's channel
 -- (prefix .. channel). A token whose process was not heard of lately is
 -- passed over (it gets a seat once its process is back); one whose process
@@ -155,7 +156,7 @@ local function grant(now, free, mine, prefix, key, before)
     if not info then
       redis.call('ZREM', KEYS[2], token)
     else
-      local channel, id, ttl, capacity, keep, label = string.match(info, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
+      local channel, id, ttl, capacity, label = string.match(info, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
       local presence = tonumber(redis.call('ZSCORE', KEYS[4], channel) or '0')
       if free < 0 and tonumber(capacity) - liveHolders(now) <= 0 then
         -- The caller does not know the capacity: the waiter's own says
@@ -181,11 +182,6 @@ local function grant(now, free, mine, prefix, key, before)
         local member = id
         if label ~= '' then member = id .. '\n' .. label end
         hold(member, now, tonumber(ttl))
-        if keep == '1' then
-          redis.call('ZADD', KEYS[9], first[2], token)
-          redis.call('PEXPIRE', KEYS[9], redis.call('HGET', KEYS[8], 'keyttl') or '180000')
-        end
-        if redis.call('ZREM', KEYS[6], token) > 0 then redis.call('HDEL', KEYS[7], token) end
         if free > 0 then free = free - 1 end
         if channel == mine then
           own[#own + 1] = token

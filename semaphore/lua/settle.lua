@@ -1,0 +1,16 @@
+-- settle.lua: a task that held a standby place took its seat and starts:
+-- its token leaves the room (its place goes to the next token, let out in
+-- the same call), unless it waits for the key again meanwhile.
+--
+-- KEYS: those of room.lua
+-- ARGV, name/value pairs: token, wake, channel, prefix, key
+--
+-- Reply, name/value pairs: now, granted, woken (see acquire.lua).
+
+local a = args()
+local now = clock()
+if not redis.call('ZSCORE', KEYS[2], a.token) and not redis.call('ZSCORE', KEYS[5], a.token) then
+  forget(a.token)
+end
+local own, woken = settle(now, roomCapacity(-1), a)
+return {'now', now, 'granted', own, 'woken', woken}
