@@ -35,6 +35,7 @@ type fleetRun struct {
 	client     *asynq.Client      // enqueues as a plain asynq client would
 	producer   *producer.Producer // enqueues as the product does
 	cmdsStart  int64
+	cpuStart   time.Duration    // the Redis server's CPU time at markCommands
 	statsStart map[string]int64 // with BENCH_CMDSTATS
 }
 
@@ -213,6 +214,9 @@ func (r *fleetRun) markCommands(ctx context.Context) error {
 		return err
 	}
 	r.cmdsStart = sum(stats)
+	if r.cpuStart, err = serverCPU(ctx, r.mainRDB); err != nil {
+		return err
+	}
 	if os.Getenv("BENCH_CMDSTATS") != "" {
 		r.statsStart = stats
 	}
@@ -220,7 +224,7 @@ func (r *fleetRun) markCommands(ctx context.Context) error {
 }
 
 // commandsSinceMark is the commands the fleet's Redis ran since
-// markCommands (but for the INFO call of markCommands). With
+// markCommands (but for the two INFO calls of markCommands). With
 // BENCH_CMDSTATS set it also prints them by command to stderr.
 func (r *fleetRun) commandsSinceMark(ctx context.Context) (int64, error) {
 	now, err := commandStats(ctx, r.mainRDB)
@@ -232,7 +236,7 @@ func (r *fleetRun) commandsSinceMark(ctx context.Context) (int64, error) {
 		for name, calls := range now {
 			d := calls - r.statsStart[name]
 			if name == "info" {
-				d-- // markCommands' own
+				d -= 2 // markCommands' own
 			}
 			if d > 0 {
 				lines = append(lines, fmt.Sprintf("%8d %s", d, name))
@@ -241,7 +245,17 @@ func (r *fleetRun) commandsSinceMark(ctx context.Context) (int64, error) {
 		slices.Sort(lines)
 		fmt.Fprintf(os.Stderr, "%s commands:\n%s\n", r.queue, strings.Join(lines, "\n"))
 	}
-	return sum(now) - r.cmdsStart - 1, nil
+	return sum(now) - r.cmdsStart - 2, nil
+}
+
+// cpuPerTask is the Redis server's CPU time since markCommands, in
+// microseconds for each of tasks (SPEC §4: redis_cpu_us_per_task).
+func (r *fleetRun) cpuPerTask(ctx context.Context, tasks int) (float64, error) {
+	now, err := serverCPU(ctx, r.mainRDB)
+	if err != nil {
+		return 0, err
+	}
+	return round(float64((now-r.cpuStart).Microseconds())/float64(tasks), 1), nil
 }
 
 // sum is the total of a command count map.
@@ -372,14 +386,16 @@ func runS2(ctx context.Context, env *benchEnv) error {
 	const conc, tasks = 20, 20000
 	rates := map[string][]float64{}
 	ms := map[string][]int64{}
+	cpu := map[string][]float64{}
 	for range s2Rounds {
 		for _, variant := range []string{"capped", "bare"} {
-			makespan, err := runS2Once(ctx, env, variant, conc, tasks)
+			makespan, cpuPerTask, err := runS2Once(ctx, env, variant, conc, tasks)
 			if err != nil {
 				return err
 			}
 			rates[variant] = append(rates[variant], float64(tasks)/makespan.Seconds())
 			ms[variant] = append(ms[variant], makespan.Milliseconds())
+			cpu[variant] = append(cpu[variant], cpuPerTask)
 		}
 	}
 	for _, variant := range []string{"capped", "bare"} {
@@ -390,6 +406,7 @@ func runS2(ctx context.Context, env *benchEnv) error {
 		if err := env.emit(map[string]any{
 			"peer": "fleetcap", "scenario": "S2", "variant": variant, "conc": conc, "tasks": tasks,
 			"ms": median(ms[variant]), "tasks_per_s": int(median(rates[variant])), "tasks_per_s_each": each,
+			"redis_cpu_us_per_task": median(cpu[variant]),
 		}); err != nil {
 			return err
 		}
@@ -400,29 +417,38 @@ func runS2(ctx context.Context, env *benchEnv) error {
 // s2Rounds is how many times S2 runs each variant.
 const s2Rounds = 3
 
-// runS2Once runs one S2 variant and returns its makespan.
-func runS2Once(ctx context.Context, env *benchEnv, variant string, conc, tasks int) (time.Duration, error) {
+// runS2Once runs one S2 variant and returns its makespan and the Redis
+// server's CPU time a task (microseconds) from the worker's start.
+func runS2Once(ctx context.Context, env *benchEnv, variant string, conc, tasks int) (time.Duration, float64, error) {
 	capYAML := ""
 	if variant == "capped" {
 		capYAML = capBlock(fmt.Sprintf("s2-%d", time.Now().UnixNano()), 1000, "requeue")
 	}
 	r, err := prepareFleet(env, "s2-"+variant, conc, capYAML, "")
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer r.stop()
 	// The queue is filled before the worker starts, so that the enqueuer
 	// does not compete with it for the CPU.
 	if err := r.enqueue(ctx, tasks, func(int) map[string]any { return map[string]any{"ms": 0} }); err != nil {
-		return 0, err
+		return 0, 0, err
+	}
+	if err := r.markCommands(ctx); err != nil {
+		return 0, 0, err
 	}
 	if err := r.launch(1); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if err := r.wait(ctx, tasks, 5*time.Minute); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return r.counters.Makespan(ctx)
+	cpu, err := r.cpuPerTask(ctx, tasks)
+	if err != nil {
+		return 0, 0, err
+	}
+	makespan, err := r.counters.Makespan(ctx)
+	return makespan, cpu, err
 }
 
 // median is the middle value of xs (the mean of the two middle ones when

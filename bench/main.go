@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
 	"github.com/redis/go-redis/v9"
@@ -133,6 +134,33 @@ func commandStats(ctx context.Context, rdb *redis.Client) (map[string]int64, err
 		out[strings.TrimPrefix(name, "cmdstat_")] = n
 	}
 	return out, nil
+}
+
+// serverCPU is the CPU time the Redis server has used since it started
+// (INFO CPU: used_cpu_sys + used_cpu_user).
+func serverCPU(ctx context.Context, rdb *redis.Client) (time.Duration, error) {
+	info, err := rdb.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0, err
+	}
+	var total float64
+	found := 0
+	for _, line := range strings.Split(info, "\n") {
+		name, value, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (name != "used_cpu_sys" && name != "used_cpu_user") {
+			continue
+		}
+		secs, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			return 0, fmt.Errorf("INFO cpu: %q: %w", line, err)
+		}
+		total += secs
+		found++
+	}
+	if found != 2 {
+		return 0, fmt.Errorf("INFO cpu: used_cpu_sys and used_cpu_user not both found in %q", info)
+	}
+	return time.Duration(total * float64(time.Second)), nil
 }
 
 // envCount reads a positive count from the environment variable name, def

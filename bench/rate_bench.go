@@ -39,6 +39,10 @@ func runS8(ctx context.Context, env *benchEnv) error {
 	if err != nil {
 		return err
 	}
+	cpu, err := r.cpuPerTask(ctx, tasks)
+	if err != nil {
+		return err
+	}
 	starts, err := r.counters.Starts(ctx)
 	if err != nil {
 		return err
@@ -59,6 +63,6 @@ func runS8(ctx context.Context, env *benchEnv) error {
 		"peer": "fleetcap", "scenario": "S8", "rate": rate, "per_ms": 1000, "burst": burst,
 		"workers": procs, "conc": conc, "tasks": tasks, "ms": span.Milliseconds(),
 		"tasks_per_s": int(float64(len(starts)-1) / span.Seconds()), "max_in_any_1s": most,
-		"redis_cmds_per_task": round(float64(cmds)/tasks, 2),
+		"redis_cmds_per_task": round(float64(cmds)/tasks, 2), "redis_cpu_us_per_task": cpu,
 	})
 }

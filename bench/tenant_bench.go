@@ -59,8 +59,12 @@ func runS5(ctx context.Context, env *benchEnv) error {
 			err = r.wait(ctx, tasks, 5*time.Minute)
 		}
 		var cmds int64
+		var cpu float64
 		if err == nil {
 			cmds, err = r.commandsSinceMark(ctx)
+		}
+		if err == nil {
+			cpu, err = r.cpuPerTask(ctx, tasks)
 		}
 		if err != nil {
 			r.stop()
@@ -84,8 +88,8 @@ func runS5(ctx context.Context, env *benchEnv) error {
 		if err := env.emit(merge(map[string]any{
 			"peer": "fleetcap", "scenario": "S5", "variant": procs, "cap": capacity, "workers": procs, "conc": conc,
 			"standby": standby, "tasks": tasks, "dur_ms": dur, "makespan_ms": int(ms), "utilization": round(ideal/ms, 3),
-			"redis_cmds_per_task": round(float64(cmds)/tasks, 2), "max_inflight": peak, "runs": runs,
-			"max_slots_waiting": waiting,
+			"redis_cmds_per_task": round(float64(cmds)/tasks, 2), "redis_cpu_us_per_task": cpu,
+			"max_inflight": peak, "runs": runs, "max_slots_waiting": waiting,
 		}, seatFields)); err != nil {
 			return err
 		}
