@@ -179,13 +179,18 @@ func TestNoisyTenant(t *testing.T) {
 		time.Sleep(2 * time.Millisecond)
 	}
 	took := time.Since(start)
-	t.Logf("the quiet tenant's task (%d ms) finished %s after the fleet started on the queue, behind 500 noisy tasks", ms, took.Round(time.Millisecond))
-	// It runs once a worker slot reaches it: the noisy excess drains from
-	// the queue (about 0.3 s without the race detector, 1 to 2 s with it on
-	// two busy cores); the noisy tenant's 500 tasks take 75 s on their 2
-	// seats.
-	if limit := 10 * ms * time.Millisecond; took > limit {
-		t.Errorf("the quiet tenant's task took %s, more than %s (10 task-lengths)", took, limit)
+	done, err := f.counters.Done(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noisyDone := done - 1
+	t.Logf("the quiet tenant's task (%d ms) finished %s after the fleet started on the queue, with %d of the 500 noisy tasks done", ms, took.Round(time.Millisecond), noisyDone)
+	// It runs once a worker slot reaches it, while the noisy excess drains
+	// from the queue: counted in noisy tasks done rather than in time, so
+	// that a loaded machine does not fail it. Behind the whole backlog it
+	// would see 500 done; 50 is 25 rounds of the noisy tenant's 2 seats.
+	if noisyDone > 50 {
+		t.Errorf("the quiet tenant's task finished after %d noisy tasks, want at most 50: it waited behind the noisy backlog", noisyDone)
 	}
 	tmax, err := f.counters.MaxInflightPerTenant(ctx)
 	if err != nil {

@@ -478,7 +478,7 @@ func (a *Admitter) parkForTokens(ctx context.Context, r Limit, token string) *Ba
 // whose seat is lost while it runs has its context cancelled (on_lease_lost:
 // cancel; the default) and goes back with a Back when its handler then
 // fails, or is only logged (continue).
-func (adm *Admission) Run(ctx context.Context, h asynq.Handler, t *asynq.Task) (error, *Back) {
+func (adm *Admission) Run(ctx context.Context, h asynq.Handler, t *asynq.Task) (*Back, error) {
 	a := adm.a
 	for _, hs := range adm.held {
 		if hs.Template != "" {
@@ -530,9 +530,9 @@ func (adm *Admission) Run(ctx context.Context, h asynq.Handler, t *asynq.Task) (
 	if err != nil && lost != "" && context.Cause(hctx) != nil && ctx.Err() == nil {
 		// The task was stopped because its seat was lost, not because it
 		// failed: run it again once it has a seat.
-		return nil, &Back{Key: lost, Kind: KindCap, Why: ReasonLeaseLost, Err: err}
+		return &Back{Key: lost, Kind: KindCap, Why: ReasonLeaseLost, Err: err}, nil
 	}
-	return err, nil
+	return nil, err
 }
 
 // storeCallTimeout bounds one call made on a task's behalf after its

@@ -208,8 +208,19 @@ func (m *Metrics) SetCapacity(key string, capacity int) {
 	m.DeclareKey(key)
 }
 
+// failureReasons are the reasons of fleetcap_semaphore_acquire_failures_total.
+var failureReasons = []string{
+	string(semaphore.OutcomeFull),
+	string(semaphore.ReasonTimeout),
+	string(semaphore.ReasonExhausted),
+	string(semaphore.ReasonError),
+	string(semaphore.ReasonShutdown),
+	string(semaphore.ReasonCanceled),
+}
+
 // DeclareKey creates the series of a declared key or template at zero
-// (acquisitions, seats held, slots waiting, lost leases and releases), so
+// (acquisitions, failures by reason, seats held, slots waiting, lost
+// leases and releases), so
 // that increase(), rate() and dashboards see the key before its first
 // event. SetCapacity calls it; call it alone for a key whose capacity is
 // not exported.
@@ -217,6 +228,9 @@ func (m *Metrics) DeclareKey(key string) {
 	k := m.keyLabel(key)
 	m.acquisitions.WithLabelValues(k, "acquired")
 	m.acquisitions.WithLabelValues(k, "failed")
+	for _, reason := range failureReasons {
+		m.acquireFailed.WithLabelValues(k, reason)
+	}
 	m.active.WithLabelValues(k)
 	m.waiting.WithLabelValues(k)
 	m.leasesLost.WithLabelValues(k)

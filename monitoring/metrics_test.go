@@ -112,6 +112,8 @@ func TestMetricsDeclaredSeriesStartAtZero(t *testing.T) {
 		{"fleetcap_semaphore_leases_lost_total", []string{"key", "tenant:{tenant_id}"}},
 		{"fleetcap_semaphore_releases_lost_total", []string{"key", "tenant:{tenant_id}"}},
 		{"redisx_semaphore_acquisitions_total", []string{"key", "tenant:{tenant_id}", "status", "acquired"}},
+		{"fleetcap_semaphore_acquire_failures_total", []string{"key", "legacy-api", "reason", "full"}},
+		{"fleetcap_semaphore_acquire_failures_total", []string{"key", "tenant:{tenant_id}", "reason", "timeout"}},
 		{"fleetcap_tasks_lease_lost_total", []string{"key", "legacy-api", "task_type", "report:fetch"}},
 		{"fleetcap_tasks_requeued_total", []string{"key", "legacy-api", "task_type", "report:fetch", "why", "full"}},
 		{"fleetcap_tasks_requeued_total", []string{"key", "legacy-api", "task_type", "report:fetch", "why", "timeout"}},

@@ -198,11 +198,11 @@ func (w *Worker) limited(taskType string, h asynq.Handler) asynq.Handler {
 		case back != nil:
 			return w.requeue(ctx, taskType, back)
 		}
-		if err, back := adm.Run(ctx, h, t); back != nil {
+		back, err = adm.Run(ctx, h, t)
+		if back != nil {
 			return w.requeue(ctx, taskType, back)
-		} else {
-			return err
 		}
+		return err
 	})
 }
 
