@@ -485,7 +485,7 @@ func (adm *Admission) Run(ctx context.Context, h asynq.Handler, t *asynq.Task) (
 			a.recentCaps.hold(hs.Key, hs.Template, hs.Capacity, 1) // listed for monitoring while held
 		}
 	}
-	hctx, cancel := context.WithCancelCause(ctx)
+	hctx, cancel := context.WithCancelCause(withFences(ctx, adm.held))
 	defer cancel(nil)
 	var lostMu sync.Mutex
 	var lostKey string

@@ -182,7 +182,11 @@ func (s *Service) ask(req request, w *waiter, mode string, extra ...any) (*Permi
 	if rep.str("outcome") != "seat" {
 		return nil, rep, nil
 	}
-	return s.newPermit(req, w.id, w.member, time.UnixMilli(now), sent), rep, nil
+	fence, err := rep.uint("fence")
+	if err != nil {
+		return nil, nil, err
+	}
+	return s.newPermit(req, w.id, w.member, fence, time.UnixMilli(now), sent), rep, nil
 }
 
 // setEarliest tells key's recheck loop the soonest lease expiry a call
@@ -245,7 +249,7 @@ func (s *Service) seated(w *waiter, m seatMsg) *Permit {
 	if local, known := s.clock.local(now); known && local.Before(at) {
 		at = local
 	}
-	return s.newPermit(w.req, w.id, m.member, now, at)
+	return s.newPermit(w.req, w.id, m.member, m.fence, now, at)
 }
 
 // abandon ends w's wait for reason; a seat given to it meanwhile is given

@@ -52,6 +52,16 @@ func (r reply) int(name string) (int64, error) {
 	return n, nil
 }
 
+// uint reads an unsigned integer value sent as text (fences, which Lua
+// numbers would round).
+func (r reply) uint(name string) (uint64, error) {
+	n, err := strconv.ParseUint(r.str(name), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("semaphore: a script's reply %q: %w", name, err)
+	}
+	return n, nil
+}
+
 func (r reply) str(name string) string {
 	s, _ := r[name].(string)
 	return s
@@ -128,7 +138,7 @@ func (s *Service) settleArgs(key string, extra ...any) []any {
 }
 
 // passOn hands on what a script that passed seats on gave this Service:
-// seats for its own waiters ("granted": token, member pairs), in memory,
+// seats for its own waiters ("granted": token, member, fence triples), in memory,
 // and the tokens let out of the room ("woken"), to Options.OnWake. now is
 // the server time of the call ("now" of the reply when zero).
 func (s *Service) passOn(key string, r reply, now time.Time) {
@@ -136,8 +146,12 @@ func (s *Service) passOn(key string, r reply, now time.Time) {
 		now = time.UnixMilli(ms)
 	}
 	granted := r.strings("granted")
-	for i := 0; i+1 < len(granted); i += 2 {
-		if s.deliver(key, granted[i], granted[i+1], now) {
+	for i := 0; i+2 < len(granted); i += 3 {
+		fence, err := strconv.ParseUint(granted[i+2], 10, 64)
+		if err != nil {
+			s.log.Warn("semaphore: a grant's fence this build cannot read", "key", key, "fence", granted[i+2])
+		}
+		if s.deliver(key, granted[i], seatMsg{member: granted[i+1], fence: fence, now: now}) {
 			s.localHandOvers.Add(1)
 		}
 	}

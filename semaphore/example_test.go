@@ -81,3 +81,55 @@ func ExampleService_TryAcquire() {
 	// Output:
 	// first: true second: false err: <nil>
 }
+
+// fencedStore is a resource that checks fences: it refuses a write whose
+// fence is below the highest it has seen.
+type fencedStore struct {
+	highest uint64
+	value   string
+}
+
+func (s *fencedStore) Write(fence uint64, value string) error {
+	if fence < s.highest {
+		return fmt.Errorf("refused: fence %d is below %d", fence, s.highest)
+	}
+	s.highest, s.value = fence, value
+	return nil
+}
+
+// A holder paused past its lease (a long GC pause, a stopped VM) still
+// holds its Permit when it wakes, but its seat went to someone else. The
+// store refuses its late write, because the new holder's fence is greater.
+func ExamplePermit_Fence() {
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	sem, err := semaphore.New(rdb, semaphore.Options{})
+	if err != nil {
+		panic(err)
+	}
+	defer sem.Close()
+	ctx := context.Background()
+	store := &fencedStore{}
+
+	paused, err := sem.Acquire(ctx, "ledger", 1, semaphore.WithTTL(100*time.Millisecond))
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("first holder writes:", store.Write(paused.Fence(), "a"))
+
+	// The first holder pauses; its lease lapses and the seat goes on.
+	next, err := sem.Acquire(ctx, "ledger", 1, semaphore.WithWaitTimeout(5*time.Second))
+	if err != nil {
+		panic(err)
+	}
+	defer next.Release(ctx)
+	fmt.Println("next holder writes:", store.Write(next.Fence(), "b"))
+
+	// The first holder wakes and writes what it had computed.
+	err = store.Write(paused.Fence(), "stale")
+	fmt.Println("late write refused:", err != nil, "value:", store.value)
+	// Output:
+	// first holder writes: <nil>
+	// next holder writes: <nil>
+	// late write refused: true value: b
+}

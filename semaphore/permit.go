@@ -16,6 +16,7 @@ type Permit struct {
 	k        keys
 	id       string
 	member   string // its member of the holders ZSET
+	fence    uint64 // its fencing token (see Fence)
 	capacity int
 	cfg      acquireConfig
 
@@ -35,9 +36,10 @@ type Permit struct {
 	renewDone   chan struct{}      // closed when the renewal on the wire ends
 }
 
-// newPermit is the permit of the seat member of req, taken at server time
-// now; the lease surely started no earlier than local time from.
-func (s *Service) newPermit(req request, id, member string, now, from time.Time) *Permit {
+// newPermit is the permit of the seat member of req with its fence, taken
+// at server time now; the lease surely started no earlier than local time
+// from.
+func (s *Service) newPermit(req request, id, member string, fence uint64, now, from time.Time) *Permit {
 	lost, markedLost := context.WithCancel(context.Background())
 	return &Permit{
 		s:          s,
@@ -45,6 +47,7 @@ func (s *Service) newPermit(req request, id, member string, now, from time.Time)
 		k:          req.k,
 		id:         id,
 		member:     member,
+		fence:      fence,
 		capacity:   req.capacity,
 		cfg:        req.cfg,
 		acquiredAt: now,
@@ -74,6 +77,13 @@ func (p *Permit) Key() string { return p.key }
 
 // ID is the permit's unique ID.
 func (p *Permit) ID() string { return p.id }
+
+// Fence is the permit's fencing token: greater than that of every seat
+// granted on its key before it, across the fleet and across idle spells
+// (SPEC §1.3). A resource that records the highest fence it has seen and
+// refuses a write with a lower one is safe from a holder whose lease
+// lapsed (a paused process) after its seat went to someone else.
+func (p *Permit) Fence() uint64 { return p.fence }
 
 // TTL is the length of the current lease.
 func (p *Permit) TTL() time.Duration {

@@ -35,6 +35,7 @@ const (
 // the grant (zero when unknown).
 type seatMsg struct {
 	member string
+	fence  uint64
 	now    time.Time
 }
 
@@ -158,20 +159,19 @@ func (s *Service) remove(w *waiter) (seatMsg, bool) {
 	}
 }
 
-// deliver gives the seat member of key to this Service's waiter of token.
-// A seat nobody here waits for any more was given to a waiter that left:
-// its leave gives the seat back (leave.lua).
-// It reports whether it did.
-func (s *Service) deliver(key, token, member string, now time.Time) bool {
+// deliver gives the seat m of key to this Service's waiter of token. A
+// seat nobody here waits for any more was given to a waiter that left: its
+// leave gives the seat back (leave.lua). It reports whether it did.
+func (s *Service) deliver(key, token string, m seatMsg) bool {
 	r := &s.waits
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	w := r.waiters[waitKey{key, token}]
-	if w == nil || w.done || w.member != member {
+	if w == nil || w.done || w.member != m.member {
 		return false
 	}
 	w.done = true
-	w.seat <- seatMsg{member: member, now: now}
+	w.seat <- m
 	return true
 }
 
@@ -338,7 +338,7 @@ func (s *Service) rejoin(key string, tokens []string) {
 
 // deliverPermit hands w a seat a call of its own got for it.
 func (s *Service) deliverPermit(w *waiter, p *Permit) {
-	if !s.deliver(w.req.key, w.token, p.member, p.AcquiredAt()) {
+	if !s.deliver(w.req.key, w.token, seatMsg{member: p.member, fence: p.fence, now: p.AcquiredAt()}) {
 		s.giveBack(p)
 	}
 }
@@ -383,8 +383,8 @@ func (s *Service) listen() {
 			s.nudgeAll()
 			continue
 		case *redis.Message:
-			if key, token, member, now, ok := parseSeatMessage(m.Payload); ok {
-				_ = s.deliver(key, token, member, now) // a waiter that left gives its seat back as it leaves
+			if key, token, seat, ok := parseSeatMessage(m.Payload); ok {
+				_ = s.deliver(key, token, seat) // a waiter that left gives its seat back as it leaves
 			} else {
 				s.log.Warn("semaphore: a seat message this build cannot read", "payload", m.Payload)
 			}
@@ -449,22 +449,26 @@ func (s *Service) stopListening() {
 }
 
 // parseSeatMessage reads a seat message (seatMessage in room.lua): key,
-// token and member, each after its length and a colon, then the server's
-// time in ms.
-func parseSeatMessage(p string) (key, token, member string, now time.Time, ok bool) {
-	var parts [3]string
+// token, member and fence, each after its length and a colon, then the
+// server's time in ms.
+func parseSeatMessage(p string) (key, token string, seat seatMsg, ok bool) {
+	var parts [4]string
 	for i := range parts {
 		var n int
 		if n, p, ok = cutLength(p); !ok || n > len(p) {
-			return "", "", "", time.Time{}, false
+			return "", "", seatMsg{}, false
 		}
 		parts[i], p = p[:n], p[n:]
 	}
 	ms, err := strconv.ParseInt(p, 10, 64)
 	if err != nil {
-		return "", "", "", time.Time{}, false
+		return "", "", seatMsg{}, false
 	}
-	return parts[0], parts[1], parts[2], time.UnixMilli(ms), true
+	fence, err := strconv.ParseUint(parts[3], 10, 64)
+	if err != nil {
+		return "", "", seatMsg{}, false
+	}
+	return parts[0], parts[1], seatMsg{member: parts[2], fence: fence, now: time.UnixMilli(ms)}, true
 }
 
 // cutLength reads "<n>:" at the start of p.

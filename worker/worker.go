@@ -206,6 +206,13 @@ func (w *Worker) limited(taskType string, h asynq.Handler) asynq.Handler {
 	})
 }
 
+// Fence is, in a handler, the fencing token of its task's seat of key (the
+// rendered key, such as "tenant:acme"), to pass to the capped resource so
+// that it refuses the late writes of a holder whose seat lapsed (see
+// semaphore.Permit.Fence). It reports false when the task holds no seat
+// of key.
+func Fence(ctx context.Context, key string) (uint64, bool) { return admission.Fence(ctx, key) }
+
 // HandleFunc registers a handler function for a task type.
 func (w *Worker) HandleFunc(taskType string, fn func(ctx context.Context, t *asynq.Task) error) {
 	w.Handle(taskType, asynq.HandlerFunc(fn))

@@ -5,7 +5,7 @@
 // time, so that no process fails with WRONGTYPE on another build's key or
 // misreads its data (SPEC §2.12).
 //
-// This build speaks layout 3 (Version). The layouts, and what each
+// This build speaks layout 4 (Version). The layouts, and what each
 // changed:
 //   - 1, the builds from before 46ae4d4, which recorded no version: the
 //     waiting room of a key, <semaphore.prefix>{<key>}:parked, was a LIST.
@@ -34,6 +34,11 @@
 //     (package semaphore). Layout 2's waiting tokens lapse with their
 //     keys; a layout-2 process left running would not see layout 3's
 //     waiters, which the check refuses.
+//   - 4: every seat carries a fencing token: a key's last one is kept in
+//     <semaphore.prefix>{<key>}:fence, and the message that sends a
+//     waiting process its seat names the fence after the member (a
+//     layout-3 process would not read it). Layout 3's keys keep their
+//     names and contents.
 //
 // The record is one Redis hash, fleetcap:layout (Key), without a TTL. Its
 // field "version" is the layout the fleet's data is in; a field
@@ -90,7 +95,7 @@ import (
 )
 
 // Version is the Redis layout this build speaks.
-const Version = 3
+const Version = 4
 
 // Key is the Redis hash that records the layout and its live processes.
 const Key = "fleetcap:layout"

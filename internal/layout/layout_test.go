@@ -269,7 +269,7 @@ func TestOnAClusterAndOnMiniredis(t *testing.T) {
 			rdb.RPush(ctx, "fleetcap:sem:{k7}:parked", "t")
 			refused(t, rdb, opts, "fleetcap:sem:{k7}:parked is a LIST")
 			rdb.Del(ctx, "fleetcap:sem:{k7}:parked")
-			old := claim(t, rdb, Options{Role: "worker", Version: older})
+			old := claim(t, rdb, Options{Role: "worker", Version: overridesMoved - 1})
 			refused(t, rdb, opts, old.Name())
 			if err := old.Close(); err != nil {
 				t.Fatal(err)

@@ -34,9 +34,10 @@
 -- Reply, name/value pairs: outcome (seat | standby | waiting | parked |
 -- full), now (ms), arrival (the token's, µs), earliest (the soonest lease
 -- expiry, ms, when no seat was given; 0 for none), free (seats still
--- free), kept (1 when a seat kept the token's standby place: settle it
+-- free), fence (the seat's fencing token, see nextFence; '0' without a
+-- seat), kept (1 when a seat kept the token's standby place: settle it
 -- once the task starts, settle.lua), granted
--- (token, member pairs: the caller's waiters given a seat),
+-- (token, member, fence triples: the caller's waiters given a seat),
 -- woken (tokens let out of the room, for the caller to bring back), lost
 -- (recheck: the caller's tokens to join again).
 
@@ -63,10 +64,10 @@ if roomed and free > 0 and mode ~= 'reserve' then
   -- to those that came first (for a task in a slot: before it).
   local before = nil
   if mode == 'enter' then before = arrival end
-  own, free = grant(now, free, a.channel or '', a.prefix or '', a.key or '', before)
+  own, free = grant(now, t, free, a.channel or '', a.prefix or '', a.key or '', before)
 end
 
-local outcome, kept = 'full', 0
+local outcome, kept, fence = 'full', 0, '0'
 if mode == 'recheck' then
   -- A process whose presence was dropped (it was not heard of for long,
   -- and its waiters were dropped with it) joins its waiters again; seats
@@ -74,13 +75,15 @@ if mode == 'recheck' then
   -- its subscription was cut) are given again, here.
   local fresh = redis.call('ZADD', KEYS[4], now + tonumber(a.procttl), a.channel) == 1
   for i = 1, tonumber(a.mine or '0') do
-    local t, m = a['t' .. i], a['m' .. i]
-    if not redis.call('ZSCORE', KEYS[2], t) then
+    local tok, m = a['t' .. i], a['m' .. i]
+    if not redis.call('ZSCORE', KEYS[2], tok) then
       if redis.call('ZSCORE', KEYS[1], m) then
-        own[#own + 1] = t
+        -- Its seat's fence went in the message it missed: a new one.
+        own[#own + 1] = tok
         own[#own + 1] = m
+        own[#own + 1] = nextFence(t, math.max(redis.call('PTTL', KEYS[1]), 1000))
       elseif fresh then
-        lost[#lost + 1] = t
+        lost[#lost + 1] = tok
       end
     end
   end
@@ -89,7 +92,7 @@ if mode == 'recheck' then
 elseif free > 0 and mode ~= 'reserve' then
   local member = a.id
   if (a.label or '') ~= '' then member = a.id .. '\n' .. a.label end
-  hold(member, now, tonumber(a.ttl))
+  fence = hold(member, now, t, tonumber(a.ttl))
   free = free - 1
   outcome = 'seat'
   if roomed and token ~= '' then
@@ -150,5 +153,5 @@ if outcome ~= 'seat' then
   local e = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   if #e > 0 then earliest = tonumber(e[2]) end
 end
-return {'outcome', outcome, 'now', now, 'arrival', arrival, 'earliest', earliest, 'free', free, 'kept', kept,
+return {'outcome', outcome, 'now', now, 'fence', fence, 'arrival', arrival, 'earliest', earliest, 'free', free, 'kept', kept,
   'granted', own, 'woken', woken, 'lost', lost}

@@ -17,7 +17,7 @@
 -- tokens to check).
 
 local a = args()
-local now = clock()
+local now, t = clock()
 if not occupied() then return {'granted', {}, 'woken', {}, 'audit', {}} end
 redis.call('HSET', KEYS[8], 'capacity', a.capacity, 'budget', a.budget, 'transit', a.transit, 'keyttl', a.keyttl)
 redis.call('PEXPIRE', KEYS[8], a.keyttl)
@@ -27,5 +27,5 @@ if every > 0 and tonumber(redis.call('HGET', KEYS[8], 'auditat') or '0') <= now 
   redis.call('HSET', KEYS[8], 'auditat', now + every)
   audit = redis.call('ZRANGE', KEYS[5], 0, tonumber(a.auditmax) - 1)
 end
-local own, woken = settle(now, tonumber(a.capacity), a)
+local own, woken = settle(now, t, tonumber(a.capacity), a)
 return {'now', now, 'granted', own, 'woken', woken, 'audit', audit}

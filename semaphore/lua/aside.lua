@@ -12,5 +12,5 @@ local a = args()
 local now, t = clock()
 local capacity = roomCapacity(-1)
 stepAside(a.token, micros(t))
-local own, woken = settle(now, capacity, a)
+local own, woken = settle(now, t, capacity, a)
 return {'now', now, 'granted', own, 'woken', woken}

@@ -8,7 +8,7 @@
 -- Reply, name/value pairs: granted, woken (see acquire.lua).
 
 local a = args()
-local now = clock()
+local now, t = clock()
 forget(a.token)
-local own, woken = settle(now, roomCapacity(-1), a)
+local own, woken = settle(now, t, roomCapacity(-1), a)
 return {'now', now, 'granted', own, 'woken', woken}

@@ -10,10 +10,10 @@
 -- woken (see acquire.lua).
 
 local a = args()
-local now = clock()
+local now, t = clock()
 local live = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
 redis.call('DEL', KEYS[1])
 local capacity = tonumber(a.capacity)
 if capacity < 0 then capacity = roomCapacity(-1) end
-local own, woken = settle(now, capacity, a)
+local own, woken = settle(now, t, capacity, a)
 return {'displaced', live, 'now', now, 'granted', own, 'woken', woken}

@@ -29,5 +29,5 @@ elseif waited or redis.call('EXISTS', KEYS[5], KEYS[6], KEYS[9]) > 0 then
 end
 local capacity = tonumber(a.capacity)
 if capacity < 0 then capacity = roomCapacity(-1) end
-local own, woken = settle(now, capacity, a)
+local own, woken = settle(now, t, capacity, a)
 return {'returned', returned, 'now', now, 'granted', own, 'woken', woken}

@@ -15,8 +15,8 @@ local a = args()
 local s = redis.call('ZSCORE', KEYS[1], a.member)
 if not s then return {'held', 0, 'granted', {}, 'woken', {}} end
 redis.call('ZREM', KEYS[1], a.member)
-local now = clock()
+local now, t = clock()
 local held = 0
 if tonumber(s) > now then held = 1 end
-local own, woken = settle(now, tonumber(a.capacity), a)
+local own, woken = settle(now, t, tonumber(a.capacity), a)
 return {'held', held, 'now', now, 'granted', own, 'woken', woken}

@@ -37,6 +37,8 @@
 --                  a while but keep their place for when their task comes
 --                  back (it waits for another cap, or its queue is
 --                  paused); kept at most asideFor, lapses with the room
+-- KEYS[10] fence   STRING: the last fence granted on the key (see
+--                  nextFence)
 
 -- args reads ARGV's name/value pairs.
 local function args()
@@ -64,11 +66,27 @@ local function liveHolders(now)
   return redis.call('ZCARD', KEYS[1])
 end
 
--- hold gives member a seat until now + ttl; the holders key lives at least
--- as long as its longest lease.
-local function hold(member, now, ttl)
+-- nextFence is the fence of a seat granted now: above every fence granted
+-- on the key before. The last one is kept for as long as a lease lasts;
+-- when the key idled out, the server's clock (µs) is the floor, and it is
+-- past every fence granted before (fences run ahead of the clock only by
+-- grants beyond one a µs).
+local function nextFence(t, ttl)
+  local last = tonumber(redis.call('GET', KEYS[10]) or '0')
+  local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local fence = math.max(last + 1, floor)
+  local text = string.format('%.0f', fence)
+  local keep = math.max(ttl * 2, redis.call('PTTL', KEYS[10]))
+  redis.call('SET', KEYS[10], text, 'PX', keep)
+  return text
+end
+
+-- hold gives member a seat until now + ttl, and returns its fence; the
+-- holders key lives at least as long as its longest lease.
+local function hold(member, now, t, ttl)
   redis.call('ZADD', KEYS[1], now + ttl, member)
   if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl * 2) end
+  return nextFence(t, ttl)
 end
 
 -- occupied reports whether any token waits for the key. Scripts ask it
@@ -127,10 +145,10 @@ end
 local goneAfter = 30000
 
 -- seatMessage is the message that sends a waiting token its seat: the
--- key, the token and the seat's member, each after its length and a colon
--- (any text may be in them), then the server's time (ms).
-local function seatMessage(key, token, member, now)
-  return #key .. ':' .. key .. #token .. ':' .. token .. #member .. ':' .. member .. now
+-- key, the token, the seat's member and its fence, each after its length
+-- and a colon (any text may be in them), then the server's time (ms).
+local function seatMessage(key, token, member, fence, now)
+  return #key .. ':' .. key .. #token .. ':' .. token .. #member .. ':' .. member .. #fence .. ':' .. fence .. now
 end
 
 -- grant gives free seats to the tokens waiting in a process, first come
@@ -143,9 +161,9 @@ end
 -- (prefix .. channel). A token whose process was not heard of lately is
 -- passed over (it gets a seat once its process is back); one whose process
 -- is gone is dropped (a standby place it held lapses, and puts it back
--- among the parked). It returns the caller's grants and the seats still
--- free.
-local function grant(now, free, mine, prefix, key, before)
+-- among the parked). It returns the caller's grants (token, member, fence
+-- triples) and the seats still free.
+local function grant(now, t, free, mine, prefix, key, before)
   local own = {}
   local skipped = 0
   while free ~= 0 do
@@ -181,13 +199,14 @@ local function grant(now, free, mine, prefix, key, before)
         redis.call('HDEL', KEYS[3], token)
         local member = id
         if label ~= '' then member = id .. '\n' .. label end
-        hold(member, now, tonumber(ttl))
+        local fence = hold(member, now, t, tonumber(ttl))
         if free > 0 then free = free - 1 end
         if channel == mine then
           own[#own + 1] = token
           own[#own + 1] = member
+          own[#own + 1] = fence
         else
-          redis.call('PUBLISH', prefix .. channel, seatMessage(key, token, member, now))
+          redis.call('PUBLISH', prefix .. channel, seatMessage(key, token, member, fence, now))
         end
       end
     end
@@ -236,12 +255,12 @@ end
 -- tokens waiting in a process, then lets parked tokens out for the places
 -- and seats left (only when the caller brings tasks back: wake is '1').
 -- It returns the caller's grants and the tokens let out.
-local function settle(now, capacity, a)
+local function settle(now, t, capacity, a)
   if not occupied() then return {}, {} end
   local free = -1 -- a capacity of -1: each waiter's own
   if capacity >= 0 then free = math.max(capacity - liveHolders(now), 0) end
   local own
-  own, free = grant(now, free, a.channel or '', a.prefix or '', a.key or '')
+  own, free = grant(now, t, free, a.channel or '', a.prefix or '', a.key or '')
   local out = {}
   if a.wake == '1' then out = admit(now, math.max(free, 0)) end
   return own, out

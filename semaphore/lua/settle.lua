@@ -8,9 +8,9 @@
 -- Reply, name/value pairs: now, granted, woken (see acquire.lua).
 
 local a = args()
-local now = clock()
+local now, t = clock()
 if not redis.call('ZSCORE', KEYS[2], a.token) and not redis.call('ZSCORE', KEYS[5], a.token) then
   forget(a.token)
 end
-local own, woken = settle(now, roomCapacity(-1), a)
+local own, woken = settle(now, t, roomCapacity(-1), a)
 return {'now', now, 'granted', own, 'woken', woken}
