@@ -161,7 +161,7 @@ func (s *Service) newRequest(key string, permits int, cfg acquireConfig) request
 // room, are handed on.
 func (s *Service) ask(req request, w *waiter, mode string, extra ...any) (*Permit, reply, error) {
 	args := s.settleArgs(req.key, append([]any{"mode", mode, "capacity", req.capacity, "id", w.id, "label", req.cfg.holder,
-		"ttl", req.cfg.ttl.Milliseconds(), "token", w.token, "procttl", presenceTTL.Milliseconds()}, extra...)...)
+		"ttl", req.cfg.ttl.Milliseconds(), "seats", req.cfg.seats, "token", w.token, "procttl", presenceTTL.Milliseconds()}, extra...)...)
 	sent := time.Now()
 	var rep reply
 	var err error
@@ -265,7 +265,7 @@ func (s *Service) giveUp(w *waiter, how string) {
 	s.remove(w)
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
-	rep, err := s.runNamed(ctx, leaveScript, w.req.k, s.settleArgs(w.req.key, "token", w.token, "member", w.member, "how", how,
+	rep, err := s.runNamed(ctx, leaveScript, w.req.k, s.settleArgs(w.req.key, "token", w.token, "member", w.member, "seats", w.req.cfg.seats, "how", how,
 		"capacity", w.req.capacity, "keyttl", w.req.cfg.roomTTL.Milliseconds())...)
 	if err != nil {
 		s.log.Warn("semaphore: leave the waiting room (the entry lapses by itself)", "key", w.req.key, "err", err)

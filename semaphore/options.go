@@ -14,6 +14,7 @@ type acquireConfig struct {
 	maxAttempts int           // 0: no cap
 	autoRenew   bool
 	holder      string
+	seats       int           // the permit's weight: seats it takes (WithWeight)
 	roomTTL     time.Duration // how long the waiting room's keys outlive a call (Enter)
 	err         error
 }
@@ -66,12 +67,28 @@ func WithHolder(label string) AcquireOption {
 	return func(c *acquireConfig) { c.holder = label }
 }
 
+// WithWeight makes the permit take n seats of the key's permits (n >= 1,
+// and at most the permits); UsedPermits counts seats. Waiters are served
+// in arrival order whatever their weight: a heavy one at the head of the
+// line is not overtaken by lighter ones that came after it.
+func WithWeight(n int) AcquireOption {
+	return func(c *acquireConfig) {
+		if n < 1 {
+			c.err = fmt.Errorf("semaphore: WithWeight: weight must be >= 1, got %d", n)
+			return
+		}
+		c.seats = n
+	}
+}
+
+// acquireConfig reads the options of a call for a permit of key, a
+// semaphore of permits seats (0: paused, for Enter).
 func (s *Service) acquireConfig(key string, permits int, opts []AcquireOption) (acquireConfig, error) {
-	c := acquireConfig{ttl: s.ttl, roomTTL: 3 * time.Minute}
+	c := acquireConfig{ttl: s.ttl, roomTTL: 3 * time.Minute, seats: 1}
 	if err := checkKey(key); err != nil {
 		return c, err
 	}
-	if err := checkPermits(permits); err != nil {
+	if err := checkPermits(max(permits, 1)); err != nil {
 		return c, err
 	}
 	for _, o := range opts {
@@ -82,6 +99,9 @@ func (s *Service) acquireConfig(key string, permits int, opts []AcquireOption) (
 		if c.err != nil {
 			return c, c.err
 		}
+	}
+	if permits > 0 && c.seats > permits {
+		return c, fmt.Errorf("semaphore: WithWeight: weight %d is more than the %d permits of %q", c.seats, permits, key)
 	}
 	return c, nil
 }

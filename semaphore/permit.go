@@ -85,6 +85,9 @@ func (p *Permit) ID() string { return p.id }
 // lapsed (a paused process) after its seat went to someone else.
 func (p *Permit) Fence() uint64 { return p.fence }
 
+// Weight is how many seats the permit holds (WithWeight; 1 by default).
+func (p *Permit) Weight() int { return p.cfg.seats }
+
 // TTL is the length of the current lease.
 func (p *Permit) TTL() time.Duration {
 	p.mu.Lock()
@@ -163,7 +166,7 @@ func (p *Permit) Release(ctx context.Context) error {
 // clock, and passes the seat on to the first waiter (see release.lua). It
 // reports whether p still held the seat.
 func (s *Service) release(ctx context.Context, p *Permit) (bool, error) {
-	rep, err := s.runBatched(releaseScript, p.k, s.settleArgs(p.key, "member", p.member, "capacity", p.capacity)...)
+	rep, err := s.runBatched(releaseScript, p.k, s.settleArgs(p.key, "member", p.member, "seats", p.cfg.seats, "capacity", p.capacity)...)
 	if err != nil {
 		return false, err
 	}
@@ -191,7 +194,7 @@ func (p *Permit) Extend(ctx context.Context, ttl time.Duration) error {
 	sent := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	defer cancel()
-	vals, err := extendScript.Run(ctx, p.s.rdb, []string{p.k.holders}, p.member, ttl.Milliseconds()).Int64Slice()
+	vals, err := extendScript.Run(ctx, p.s.rdb, []string{p.k.holders}, p.member, ttl.Milliseconds(), p.cfg.seats).Int64Slice()
 	if err != nil {
 		return fmt.Errorf("semaphore: extend %q: %w", p.key, err)
 	}

@@ -98,13 +98,14 @@ func (e *Entry) StepAside(ctx context.Context) error {
 // it: no seat is given, nobody stands by) for the task of token, which is
 // in a slot now: it takes a free seat unless tasks that came first wait in
 // a slot, or a standby place while nobody waits in the room, or else
-// parks the token. opts are those of the permit it may take. A seat taken
+// parks the token. opts are those of the permit it may take (a weight
+// above permits is an error unless the key is paused). A seat taken
 // by a task that held a standby place keeps the place until Settle.
 func (s *Service) Enter(ctx context.Context, key string, permits int, token string, room Room, opts ...AcquireOption) (*Entry, error) {
 	if err := s.checkRoomCall(key, permits, token, room); err != nil {
 		return nil, err
 	}
-	cfg, err := s.acquireConfig(key, max(permits, 1), opts)
+	cfg, err := s.acquireConfig(key, permits, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -191,6 +191,11 @@ func member(id, label string) string {
 	return id + "\n" + label
 }
 
+// extraSeatMark separates a permit's id from the number of its other seats
+// (2..weight) in their members of the holders ZSET (extraSeat in
+// room.lua); ids are hex, so it is never in one.
+const extraSeatMark = "\x01"
+
 // splitMember is the inverse of member.
 func splitMember(m string) (id, label string) {
 	id, label, _ = strings.Cut(m, "\n")
@@ -211,7 +216,8 @@ func checkPermits(permits int) error {
 	return nil
 }
 
-// UsedPermits counts the live (unexpired) holders of key.
+// UsedPermits counts the live (unexpired) seats of key: a permit of
+// weight n holds n.
 func (s *Service) UsedPermits(ctx context.Context, key string) (int, error) {
 	if err := checkKey(key); err != nil {
 		return 0, err
@@ -243,7 +249,8 @@ type Holder struct {
 	ExpiresAt time.Time
 }
 
-// Holders lists the live holders of key, soonest expiry first.
+// Holders lists the live holders of key, soonest expiry first: one per
+// permit, whatever its weight.
 func (s *Service) Holders(ctx context.Context, key string) ([]Holder, error) {
 	if err := checkKey(key); err != nil {
 		return nil, err
@@ -257,6 +264,9 @@ func (s *Service) Holders(ctx context.Context, key string) ([]Holder, error) {
 	for i := 1; i+1 < len(vals); i += 2 {
 		m, _ := vals[i].(string)
 		id, label := splitMember(m)
+		if strings.Contains(id, extraSeatMark) {
+			continue // another seat of a permit of weight > 1
+		}
 		ms, err := strconv.ParseFloat(fmt.Sprint(vals[i+1]), 64)
 		if err != nil {
 			return nil, fmt.Errorf("semaphore: holders of %q: bad expiry %v", key, vals[i+1])

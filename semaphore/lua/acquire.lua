@@ -16,6 +16,7 @@
 --                     waiting, and the process's presence is renewed
 --   capacity  the key's seats (enter, reserve: 0 pauses the key)
 --   id, label, ttl   the seat asked for: permit id, holder label, lease ms
+--   seats     how many seats it takes (its weight; 1 when absent)
 --   token     the asker's token (join, enter, reserve)
 --   channel   the asker's process; prefix: the channels' prefix; key: the
 --             semaphore's key, named in seat messages
@@ -43,10 +44,11 @@
 
 local a = args()
 local mode, token, capacity = a.mode, a.token or '', tonumber(a.capacity)
+local seats = tonumber(a.seats or '1')
 
 -- slot is a waiting token's slots entry (see room.lua).
 local function slot(x)
-  return x.channel .. '\t' .. x.id .. '\t' .. x.ttl .. '\t' .. x.capacity .. '\t' .. (x.label or '')
+  return x.channel .. '\t' .. x.id .. '\t' .. x.ttl .. '\t' .. x.capacity .. '\t' .. seats .. '\t' .. (x.label or '')
 end
 local now, t = clock()
 local nowus = micros(t)
@@ -59,12 +61,13 @@ if roomed and token ~= '' then arrival = arrivalOf(token, nowus) end
 
 local free = math.max(capacity - liveHolders(now), 0)
 local own, woken, lost = {}, {}, {}
+local blocked = false
 if roomed and free > 0 and mode ~= 'reserve' then
   -- Seats free while tokens wait in a process (a lease ran out): they go
   -- to those that came first (for a task in a slot: before it).
   local before = nil
   if mode == 'enter' then before = arrival end
-  own, free = grant(now, t, free, a.channel or '', a.prefix or '', a.key or '', before)
+  own, free, blocked = grant(now, t, free, a.channel or '', a.prefix or '', a.key or '', before)
 end
 
 local outcome, kept, fence = 'full', 0, '0'
@@ -89,11 +92,13 @@ if mode == 'recheck' then
   end
   for i = 2, 4 do redis.call('PEXPIRE', KEYS[i], tonumber(a.procttl) * 2) end
   outcome = 'waiting'
-elseif free > 0 and mode ~= 'reserve' then
+elseif free >= seats and not blocked and mode ~= 'reserve' then
+  -- (A waiter before it that needs more seats than are free blocks it:
+  -- first come first served whatever the weight.)
   local member = a.id
   if (a.label or '') ~= '' then member = a.id .. '\n' .. a.label end
-  fence = hold(member, now, t, tonumber(a.ttl))
-  free = free - 1
+  fence = hold(member, seats, now, t, tonumber(a.ttl))
+  free = free - seats
   outcome = 'seat'
   if roomed and token ~= '' then
     -- A task that holds a standby place keeps it until it starts (its

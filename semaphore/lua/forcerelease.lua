@@ -6,12 +6,16 @@
 -- ARGV, name/value pairs: capacity ('-1': the room's, else nobody waits in
 --   a process), channel, prefix, key, wake
 --
--- Reply, name/value pairs: displaced (live holders displaced), granted,
+-- Reply, name/value pairs: displaced (live holders displaced, whatever
+-- their weight), granted,
 -- woken (see acquire.lua).
 
 local a = args()
 local now, t = clock()
-local live = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+local live = 0
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
+  if not string.find(string.match(m, '^[^\n]*'), '\1', 1, true) then live = live + 1 end
+end
 redis.call('DEL', KEYS[1])
 local capacity = tonumber(a.capacity)
 if capacity < 0 then capacity = roomCapacity(-1) end

@@ -8,7 +8,8 @@
 -- its way) is given back here, and passed on.
 --
 -- KEYS: those of room.lua
--- ARGV, name/value pairs: token, member (of the seat it waited for), how,
+-- ARGV, name/value pairs: token, member (of the seat it waited for), seats
+--   (its weight), how,
 --   capacity, channel, prefix, key, wake, keyttl (see acquire.lua)
 --
 -- Reply, name/value pairs: returned (1 when the token's seat was given
@@ -20,7 +21,7 @@ local now, t = clock()
 local token = a.token
 local waited = redis.call('ZSCORE', KEYS[2], token)
 local returned = 0
-if not waited and redis.call('ZREM', KEYS[1], a.member) == 1 then returned = 1 end
+if not waited then returned = unhold(a.member, tonumber(a.seats or '1')) end
 if a.how == 'park' then
   park(token, arrivalOf(token, micros(t)))
   redis.call('PEXPIRE', KEYS[5], a.keyttl or '180000')

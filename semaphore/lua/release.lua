@@ -3,7 +3,8 @@
 -- left (settle, room.lua).
 --
 -- KEYS: those of room.lua
--- ARGV, name/value pairs: member (the seat), capacity, channel, prefix,
+-- ARGV, name/value pairs: member (the seat), seats (its weight), capacity,
+--   channel, prefix,
 --   key (see acquire.lua), wake ('1': the caller brings tokens let out
 --   back)
 --
@@ -14,7 +15,7 @@
 local a = args()
 local s = redis.call('ZSCORE', KEYS[1], a.member)
 if not s then return {'held', 0, 'granted', {}, 'woken', {}} end
-redis.call('ZREM', KEYS[1], a.member)
+unhold(a.member, tonumber(a.seats or '1'))
 local now, t = clock()
 local held = 0
 if tonumber(s) > now then held = 1 end

@@ -20,11 +20,14 @@
 -- tasks to a slot.
 --
 -- KEYS[1] holders  ZSET member -> lease expiry (server ms); a member is a
---                  permit id, or a permit id, "\n" and its holder label
+--                  permit id, or a permit id, "\n" and its holder label;
+--                  a permit of n seats (its weight) has n-1 more, its id,
+--                  "\1" and 2..n (see extraSeat)
 -- KEYS[2] waiting  ZSET token -> arrival (server µs): tokens in a process
 -- KEYS[3] slots    HASH token -> "channel\tpermit id\tttl ms\tcapacity\t
---                  label": where to send a waiting token's seat, the seat
---                  it gets, and the capacity it asked for
+--                  seats\tlabel": where to send a waiting token's seat,
+--                  the seat it gets, the capacity it asked for and its
+--                  weight
 -- KEYS[4] procs    ZSET channel -> when the process's presence lapses
 --                  (server ms): a seat is never sent to a gone process
 -- KEYS[5] parked   ZSET token -> arrival (server µs)
@@ -81,12 +84,33 @@ local function nextFence(t, ttl)
   return text
 end
 
--- hold gives member a seat until now + ttl, and returns its fence; the
--- holders key lives at least as long as its longest lease.
-local function hold(member, now, t, ttl)
-  redis.call('ZADD', KEYS[1], now + ttl, member)
+-- extraSeat is the member of the i-th seat (2..n) of a permit of n seats.
+local function extraSeat(member, i)
+  return string.match(member, '^[^\n]*') .. '\1' .. i
+end
+
+-- hold gives member seats seats until now + ttl, and returns its fence;
+-- the holders key lives at least as long as its longest lease.
+local function hold(member, seats, now, t, ttl)
+  local add = {'ZADD', KEYS[1], now + ttl, member}
+  for i = 2, seats do
+    add[#add + 1] = now + ttl
+    add[#add + 1] = extraSeat(member, i)
+  end
+  redis.call(unpack(add))
   if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl * 2) end
   return nextFence(t, ttl)
+end
+
+-- unhold takes member's seats seats back; it returns 1 when member held
+-- one.
+local function unhold(member, seats)
+  local rem = {'ZREM', KEYS[1], member}
+  for i = 2, seats do rem[#rem + 1] = extraSeat(member, i) end
+  local main = redis.call('ZSCORE', KEYS[1], member)
+  redis.call(unpack(rem))
+  if main then return 1 end
+  return 0
 end
 
 -- occupied reports whether any token waits for the key. Scripts ask it
@@ -153,7 +177,9 @@ end
 
 -- grant gives free seats to the tokens waiting in a process, first come
 -- first served, as long as seats are free (and, with before, to those that
--- arrived before it). A token's seat is the permit it asked for (its slots
+-- arrived before it). A waiter that needs more seats than are free stops
+-- the line (blocked): nobody after it is served first, so that a heavy
+-- waiter is not overtaken again and again. A token's seat is the permit it asked for (its slots
 -- entry). A task standing by keeps its standby place until it starts (its
 -- caller settles it, settle.lua), so that the slots holding a task that
 -- does not run never outnumber the places. Seats for the caller's own
@@ -162,10 +188,11 @@ end
 -- passed over (it gets a seat once its process is back); one whose process
 -- is gone is dropped (a standby place it held lapses, and puts it back
 -- among the parked). It returns the caller's grants (token, member, fence
--- triples) and the seats still free.
+-- triples), the seats still free, and whether a waiter blocks the line.
 local function grant(now, t, free, mine, prefix, key, before)
   local own = {}
   local skipped = 0
+  local blocked = false
   while free ~= 0 do
     local first = redis.call('ZRANGE', KEYS[2], skipped, skipped, 'WITHSCORES')
     if #first == 0 or (before and tonumber(first[2]) >= tonumber(before)) then break end
@@ -174,11 +201,17 @@ local function grant(now, t, free, mine, prefix, key, before)
     if not info then
       redis.call('ZREM', KEYS[2], token)
     else
-      local channel, id, ttl, capacity, label = string.match(info, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
+      local channel, id, ttl, capacity, seats, label = string.match(info, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
+      seats = tonumber(seats)
       local presence = tonumber(redis.call('ZSCORE', KEYS[4], channel) or '0')
-      if free < 0 and tonumber(capacity) - liveHolders(now) <= 0 then
+      local fits = free >= seats
+      if free < 0 then
         -- The caller does not know the capacity: the waiter's own says
-        -- whether a seat is free.
+        -- whether its seats are free.
+        fits = tonumber(capacity) - liveHolders(now) >= seats
+      end
+      if not fits then
+        blocked = true
         break
       end
       if channel ~= mine and presence <= now then
@@ -199,8 +232,8 @@ local function grant(now, t, free, mine, prefix, key, before)
         redis.call('HDEL', KEYS[3], token)
         local member = id
         if label ~= '' then member = id .. '\n' .. label end
-        local fence = hold(member, now, t, tonumber(ttl))
-        if free > 0 then free = free - 1 end
+        local fence = hold(member, seats, now, t, tonumber(ttl))
+        if free > 0 then free = free - seats end
         if channel == mine then
           own[#own + 1] = token
           own[#own + 1] = member
@@ -211,7 +244,7 @@ local function grant(now, t, free, mine, prefix, key, before)
       end
     end
   end
-  return own, free
+  return own, free, blocked
 end
 
 -- reclaim puts the tokens whose standby place lapsed (their task never

@@ -1,0 +1,182 @@
+package semaphore_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
+	"github.com/fleetcap/fleetcap/semaphore"
+)
+
+// TestWeightedSeats: a permit of weight n takes n seats: UsedPermits
+// counts seats, Holders one holder, and its seats are extended and given
+// back together. A weight outside 1..permits is a bad argument.
+func TestWeightedSeats(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	s := newService(t, srv.Client())
+	key := uniqueKey(t)
+	heavy := mustAcquire(t, s, key, 5, semaphore.WithWeight(3), semaphore.WithTTL(300*time.Millisecond), semaphore.WithHolder("heavy"))
+	if n := used(t, s, key); n != 3 || heavy.Weight() != 3 {
+		t.Fatalf("used %d, weight %d: want 3 seats for a permit of weight 3", n, heavy.Weight())
+	}
+	holders, err := s.Holders(ctx, key)
+	if err != nil || len(holders) != 1 || holders[0].Label != "heavy" {
+		t.Fatalf("holders %v (%v): want the one heavy holder", holders, err)
+	}
+	if p, err := s.TryAcquire(ctx, key, 5, semaphore.WithWeight(3)); p != nil || err != nil {
+		t.Fatalf("a second weight 3 on 2 free seats: (%v, %v), want (nil, nil)", p, err)
+	}
+	light, err := s.TryAcquire(ctx, key, 5, semaphore.WithWeight(2))
+	if light == nil || err != nil {
+		t.Fatalf("weight 2 on 2 free seats: (%v, %v)", light, err)
+	}
+	// Extended past its first lease, all three seats stay held.
+	if err := heavy.Extend(ctx, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	serverClockPasses(t, srv.Client(), 400*time.Millisecond)
+	if n := used(t, s, key); n != 5 {
+		t.Fatalf("used %d after the weight-3 permit was extended past its first lease, want 5", n)
+	}
+	if err := heavy.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := used(t, s, key); n != 2 {
+		t.Fatalf("used %d after the weight-3 permit was released, want 2", n)
+	}
+	for _, c := range []struct {
+		opt  semaphore.AcquireOption
+		want string
+	}{
+		{semaphore.WithWeight(0), "weight must be >= 1"},
+		{semaphore.WithWeight(6), "weight 6 is more than the 5 permits"},
+	} {
+		if _, err := s.TryAcquire(ctx, key, 5, c.opt); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("TryAcquire: %v, want an error saying %q", err, c.want)
+		}
+	}
+}
+
+// TestHeavyWaiterIsNotOvertaken: a waiter of weight 3 at the head of the
+// line is served before the light waiters that came after it, however many
+// single seats free meanwhile; then they are served.
+func TestHeavyWaiterIsNotOvertaken(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	a, b := newService(t, srv.Client()), newService(t, srv.Client())
+	key := uniqueKey(t)
+	const permits = 4
+	held := make([]*semaphore.Permit, permits)
+	for i := range held {
+		held[i] = mustAcquire(t, a, key, permits)
+	}
+	type seat struct {
+		who string
+		p   *semaphore.Permit
+	}
+	seats := make(chan seat, 3)
+	wait := func(s *semaphore.Service, who string, weight int) {
+		go func() {
+			p, err := s.Acquire(ctx, key, permits, semaphore.WithWeight(weight), semaphore.WithWaitTimeout(20*time.Second))
+			if err != nil {
+				t.Error(who, err)
+			}
+			seats <- seat{who, p}
+		}()
+	}
+	wait(b, "heavy", 3)
+	waitfor.Condition(t, 5*time.Second, "the heavy waiter in line", func() bool { return b.LocalWaiters(key) == 1 })
+	wait(a, "light-1", 1)
+	wait(b, "light-2", 1)
+	waitfor.Condition(t, 5*time.Second, "the light waiters in line", func() bool { return a.LocalWaiters(key)+b.LocalWaiters(key) == 3 })
+	// Two seats free: not enough for the heavy waiter, and the light ones
+	// wait behind it.
+	for _, p := range held[:2] {
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p, err := a.TryAcquire(ctx, key, permits); p != nil || err != nil {
+		t.Fatalf("TryAcquire with a heavy waiter first: (%v, %v), want (nil, nil)", p, err)
+	}
+	select {
+	case s := <-seats:
+		t.Fatalf("%s took a seat while the heavy waiter waited for 3 of 2 free", s.who)
+	default:
+	}
+	if err := held[2].Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := <-seats
+	if first.who != "heavy" || first.p == nil {
+		t.Fatalf("%s was served first, want the heavy waiter", first.who)
+	}
+	if n := used(t, a, key); n != permits {
+		t.Fatalf("used %d, want %d (3 heavy + 1 light)", n, permits)
+	}
+	// Its seats and the last light one free: the light waiters follow.
+	if err := first.p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		s := <-seats
+		if s.p == nil {
+			t.FailNow()
+		}
+		if err := s.p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = held[3].Release(ctx)
+}
+
+// TestWeightedSeatsNeverExceedTheCapacity: callers of weights 1 to 3 on two
+// Services never hold more seats at once than the permits.
+func TestWeightedSeatsNeverExceedTheCapacity(t *testing.T) {
+	srv := redistest.Start(t)
+	services := []*semaphore.Service{newService(t, srv.Client()), newService(t, srv.Client())}
+	key := uniqueKey(t)
+	const permits = 5
+	var mu sync.Mutex
+	inflight, peak, served := 0, 0, 0
+	var wg sync.WaitGroup
+	for i, s := range services {
+		for g := range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := rand.New(rand.NewPCG(uint64(i), uint64(g)))
+				for range 15 {
+					weight := 1 + r.IntN(3)
+					err := s.WithPermit(context.Background(), key, permits, func(context.Context) error {
+						mu.Lock()
+						inflight += weight
+						peak = max(peak, inflight)
+						served++
+						mu.Unlock()
+						time.Sleep(time.Duration(1+r.IntN(3)) * time.Millisecond)
+						mu.Lock()
+						inflight -= weight
+						mu.Unlock()
+						return nil
+					}, semaphore.WithWeight(weight), semaphore.WithWaitTimeout(30*time.Second))
+					if err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if peak > permits || served != 2*6*15 {
+		t.Fatalf("peak %d seats of %d, %d served of %d", peak, permits, served, 2*6*15)
+	}
+	t.Logf("peak %d of %d seats, %d served", peak, permits, served)
+}
