@@ -350,11 +350,7 @@ func describe(n *yaml.Node) string {
 	case yaml.SequenceNode:
 		return "a list"
 	case yaml.ScalarNode:
-		v := n.Value
-		if len(v) > 40 {
-			v = v[:40] + "..."
-		}
-		return strconv.Quote(v)
+		return strconv.Quote(shorten(n.Value))
 	}
 	return "an unexpected YAML node"
 }
