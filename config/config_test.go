@@ -397,6 +397,16 @@ tasks:
 	if _, err := ParseConfig([]byte(in)); err == nil || !strings.Contains(err.Error(), `tasks["b"].semaphore.bogus: unknown field`) {
 		t.Fatalf("err = %v", err)
 	}
+	// A mapping that merges itself is an error, not an endless walk (found
+	// by FuzzParseConfig); one merged twice is fine.
+	in = "tasks:\n  a: {semaphore: &cap {<<: *cap, mode: t}}\n"
+	if _, err := ParseConfig([]byte(in)); err == nil || !strings.Contains(err.Error(), `tasks["a"].semaphore: a merge (<<) that includes itself (line 2)`) {
+		t.Fatalf("err = %v", err)
+	}
+	in = "tasks:\n  a: {semaphore: &cap {capacity: 1}}\n  b: {semaphore: {<<: [*cap, *cap]}}\n"
+	if _, err := ParseConfig([]byte(in)); err != nil {
+		t.Fatalf("a mapping merged twice: %v", err)
+	}
 }
 
 func TestBillionLaughs(t *testing.T) {
