@@ -144,8 +144,29 @@ func (r Route) Park(ctx context.Context) error {
 	return r.g.sem.Park(ctx, r.cap.Key, r.cap.Capacity, r.token, capRoom(r.cap, r.g.cfg.Worker.ParkedRetry))
 }
 
+// FullError is returned by Gate.Route for a task whose cap has no place
+// for it and whose key already has max_waiting tasks waiting, fleet-wide
+// (parked, standing by, or waiting in a process): the task must not be
+// enqueued. Package producer's errors for it also match
+// producer.ErrFull.
+type FullError struct {
+	Key        string // the rendered semaphore key
+	MaxWaiting int    // the cap's max_waiting
+	Waiting    int    // the tasks waiting for Key when it was read
+}
+
+func (e *FullError) Error() string {
+	return fmt.Sprintf("%d tasks wait for semaphore %q, its max_waiting is %d", e.Waiting, e.Key, e.MaxWaiting)
+}
+
 // Route decides where the task of taskType with payload, to be enqueued on
-// queue with ID id, waits. A type without caps goes to its queue.
+// queue with ID id, waits. A type without caps goes to its queue. When a
+// cap with max_waiting has no place for the task and its key already has
+// that many tasks waiting, Route gives back the places it kept and returns
+// a *FullError. The bound is checked, not reserved: the count is read
+// after the place was refused, so producers routing at the same moment
+// may overshoot it by their number; and a task given a standby place goes
+// to its queue without the check (the standby budget bounds those).
 func (g *Gate) Route(ctx context.Context, taskType string, payload []byte, queue, id string) (Route, error) {
 	if !g.table.Capped(taskType) {
 		return Route{}, nil
@@ -167,6 +188,9 @@ func (g *Gate) Route(ctx context.Context, taskType string, payload []byte, queue
 		if err == nil && ok {
 			continue
 		}
+		if err == nil {
+			err = g.checkWaiting(ctx, l)
+		}
 		// No place here: the places kept on the caps before go to others.
 		if derr := (Route{g: g, token: token, kept: caps[:i]}).GiveBack(ctx); derr != nil {
 			g.log.Warn("worker: give back a place kept for a task (it lapses by itself)", "err", derr)
@@ -177,6 +201,23 @@ func (g *Gate) Route(ctx context.Context, taskType string, payload []byte, queue
 		return Route{g: g, cap: l, token: token, waits: true}, nil
 	}
 	return Route{g: g, token: token, kept: caps}, nil
+}
+
+// checkWaiting returns a *FullError when the key of cap l has a bound on
+// waiting and as many tasks wait for it already; nil when the task may
+// wait too.
+func (g *Gate) checkWaiting(ctx context.Context, l Limit) error {
+	if l.MaxWaiting <= 0 {
+		return nil
+	}
+	st, err := g.sem.RoomStats(ctx, l.Key)
+	if err != nil {
+		return err
+	}
+	if st.Waiting >= l.MaxWaiting {
+		return &FullError{Key: l.Key, MaxWaiting: l.MaxWaiting, Waiting: st.Waiting}
+	}
+	return nil
 }
 
 // OpenOverrides reads the operators' runtime overrides of the fleet of

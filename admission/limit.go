@@ -79,6 +79,22 @@ type Limit struct {
 	Template string          // the key's template; "" for a plain key
 	Capacity int             // KindCap: seats in force; 0 pauses the key
 	Rate     ratelimit.Limit // KindRate: the limit in force
+
+	// Seats (KindCap) is the seats the task takes: the cap's cost, or its
+	// payload's cost_from value; 1 when no cost is set. It fits the
+	// configured capacity of the key, but may be above the capacity in
+	// force when an operator lowered it: the task then waits.
+	Seats int
+	// Share (KindCap) is the cap's fair_by rendered from the payload: the
+	// value whose turn the task waits for; "" without fair_by.
+	Share string
+	// ShareWeight (KindCap) is the weight of Share (the cap's weights),
+	// 1 by default.
+	ShareWeight int
+	// MaxWaiting (KindCap) is the cap's max_waiting: how many tasks may
+	// wait for the key, fleet-wide, before producers refuse more; 0 is no
+	// bound.
+	MaxWaiting int
 }
 
 // Sizes gives the size in force of a rendered key: an operator's override
@@ -132,8 +148,11 @@ func (t *Table) Types() []string { return slices.Sorted(maps.Keys(t.byType)) }
 // in the same order (a task takes tokens last, once it holds its seats, so
 // that no token is spent by a task that then does not run). Two caps that
 // render one key are one semaphore: one seat of it, of the smaller
-// capacity, holds both. A payload that cannot render a key is an error
-// that names the template and the field.
+// capacity, holds both (the more seats of the two, the tighter
+// max_waiting). A payload that cannot render a key, its fair_by or its
+// cost is an error that names the template or the field: bad input, the
+// task must not run. A cost above the capacity in force (an operator
+// lowered it) is not one: Seats stays as configured.
 func (t *Table) For(taskType string, payload []byte, sizes Sizes) ([]Limit, error) {
 	specs := t.byType[taskType]
 	out := make([]Limit, 0, len(specs))
@@ -146,6 +165,11 @@ func (t *Table) For(taskType string, payload []byte, sizes Sizes) ([]Limit, erro
 		if s.tmpl.IsTemplate() {
 			l.Template = s.tmpl.String()
 		}
+		if s.Kind == KindCap {
+			if err := l.seat(payload); err != nil {
+				return nil, err
+			}
+		}
 		l.size(sizes)
 		out = append(out, l)
 	}
@@ -153,14 +177,44 @@ func (t *Table) For(taskType string, payload []byte, sizes Sizes) ([]Limit, erro
 	merged := out[:0]
 	for _, l := range out {
 		if n := len(merged); n > 0 && l.Kind == KindCap && merged[n-1].Kind == KindCap && merged[n-1].Key == l.Key {
-			if l.Capacity < merged[n-1].Capacity {
+			prev := merged[n-1]
+			if l.Capacity < prev.Capacity {
 				merged[n-1] = l
 			}
+			merged[n-1].Seats = max(l.Seats, prev.Seats)
+			merged[n-1].MaxWaiting = tighterBound(l.MaxWaiting, prev.MaxWaiting)
 			continue
 		}
 		merged = append(merged, l)
 	}
 	return merged, nil
+}
+
+// seat sets what the cap l asks of its key for a task of payload: its
+// seats (against the key's configured capacity), its fair share value and
+// weight, and the bound on waiting.
+func (l *Limit) seat(payload []byte) error {
+	seats, err := l.Cap.CostOf(payload, l.Cap.CapacityFor(l.Key))
+	if err != nil {
+		return fmt.Errorf("its payload cannot give its seats of semaphore %q: %w", l.Key, err)
+	}
+	share, err := l.Cap.FairValue(payload)
+	if err != nil {
+		return fmt.Errorf("its payload cannot render the fair share of semaphore %q: %w", l.Key, err)
+	}
+	l.Seats, l.Share, l.ShareWeight, l.MaxWaiting = seats, share, l.Cap.WeightOf(share), l.Cap.MaxWaiting
+	return nil
+}
+
+// tighterBound is the smaller of two max_waiting bounds, where 0 is none.
+func tighterBound(a, b int) int {
+	switch {
+	case a == 0:
+		return b
+	case b == 0:
+		return a
+	}
+	return min(a, b)
 }
 
 // size sets the size in force of l's key.

@@ -13,6 +13,12 @@ import (
 // enough to render limits and keep its records.
 func admitterFor(t *testing.T, yaml string) *Admitter {
 	t.Helper()
+	return &Admitter{Options: Options{Table: tableFor(t, yaml)}, recentCaps: newRecentKeys(), recentRates: newRecentKeys()}
+}
+
+// tableFor is the Table of the config yaml.
+func tableFor(t *testing.T, yaml string) *Table {
+	t.Helper()
 	cfg, err := config.ParseConfig([]byte(yaml))
 	if err != nil {
 		t.Fatal(err)
@@ -21,7 +27,7 @@ func admitterFor(t *testing.T, yaml string) *Admitter {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Admitter{Options: Options{Table: table}, recentCaps: newRecentKeys(), recentRates: newRecentKeys()}
+	return table
 }
 
 // TestLimitsFor: a task's caps render from its payload, in key order,

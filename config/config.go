@@ -1,12 +1,14 @@
 package config
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/fleetcap/fleetcap/internal/rediskey"
@@ -205,6 +207,33 @@ type CapConfig struct {
 	// CapacityOverrides sets the capacity of single rendered keys of a
 	// templated Key, such as {"tenant:acme": 20}, each >= 1; default none.
 	CapacityOverrides map[string]int `yaml:"capacity_overrides"`
+	// FairBy is a template over the task's JSON payload, in the syntax of
+	// Key, such as "{tenant_id}": when the key is full, its freed seats go
+	// round the rendered values that have tasks waiting (weighted round
+	// robin, see Weights), first come first served within a value. It must
+	// name a payload field; default "" (one line, first come first
+	// served). See FairValue.
+	FairBy string `yaml:"fair_by"`
+	// Weights maps a rendered FairBy value to its weight (>= 1): a value
+	// of weight 3 gets three turns for one of a value of weight 1. Only
+	// with FairBy; default none (every value weighs 1). See WeightOf.
+	Weights map[string]int `yaml:"weights"`
+	// Cost is the seats one task takes (1..capacity, and at most every
+	// value of CapacityOverrides); default 1 when CostFrom is unset, also
+	// when 0 in code. Set either Cost or CostFrom.
+	Cost int `yaml:"cost"`
+	// CostFrom is a dotted path of an integer field of the task's JSON
+	// payload, such as "pages" or "job.pages" (no braces), that gives the
+	// seats one task takes instead of Cost: a payload without it, or with
+	// a value that is not an integer in 1..capacity, is bad input. Default
+	// "" (Cost). See CostOf.
+	CostFrom string `yaml:"cost_from"`
+	// MaxWaiting bounds the tasks that may wait for the key, fleet-wide
+	// (parked in Redis or standing by, >= 1): a producer refuses a task
+	// whose key already has that many waiting (producer.ErrFull).
+	// Default 0: no bound. The bound is checked, not reserved: producers
+	// enqueueing at the same moment may overshoot it by their number.
+	MaxWaiting int `yaml:"max_waiting"`
 }
 
 // Defaults of the config, as documented on the fields.
@@ -275,7 +304,7 @@ func parseConfig(data []byte, getenv func(string) string) (*Config, error) {
 	for _, e := range bad {
 		errs = append(errs, e)
 	}
-	for _, e := range cfg.fieldErrors() {
+	for _, e := range cfg.fieldErrors(written) {
 		if !slices.ContainsFunc(bad, func(b fieldError) bool { return b.covers(e.path) }) {
 			errs = append(errs, e)
 		}
@@ -348,6 +377,63 @@ func (c CapConfig) RenderKey(payload []byte) (string, error) {
 		return "", err
 	}
 	return kt.Render(payload)
+}
+
+// FairValue returns the cap's FairBy template rendered from payload: the
+// value whose turn a task of this payload waits for; "" when the cap has no
+// FairBy. An error names the template and the field: the task cannot be
+// capped and must not run.
+func (c CapConfig) FairValue(payload []byte) (string, error) {
+	if c.FairBy == "" {
+		return "", nil
+	}
+	kt, err := ParseKeyTemplate(c.FairBy)
+	if err != nil {
+		return "", fmt.Errorf("fair_by: %w", err)
+	}
+	return kt.render("fair_by template", payload)
+}
+
+// WeightOf returns the weight of a rendered FairBy value: its Weights
+// entry, else 1.
+func (c CapConfig) WeightOf(value string) int {
+	if n, ok := c.Weights[value]; ok && n >= 1 {
+		return n
+	}
+	return 1
+}
+
+// CostOf returns the seats a task of this payload takes of a key of
+// capacity seats (give the configured capacity, CapacityFor): Cost (1 when
+// 0), or the integer at CostFrom in payload. A field that is missing, not
+// an integer, or outside 1..capacity is an error naming the field and its
+// value: the task cannot be capped and must not run.
+func (c CapConfig) CostOf(payload []byte, capacity int) (int, error) {
+	if c.CostFrom == "" {
+		cost := max(c.Cost, 1)
+		if cost > capacity {
+			return 0, fmt.Errorf("cost %d is outside 1..%d (the capacity)", cost, capacity)
+		}
+		return cost, nil
+	}
+	path, err := parseFieldPath(c.CostFrom)
+	if err != nil {
+		return 0, fmt.Errorf("cost_from %q: %w", c.CostFrom, err)
+	}
+	obj, err := decodeObject(payload)
+	if err != nil {
+		return 0, fmt.Errorf("cost_from %q: %w", c.CostFrom, err)
+	}
+	v, err := lookupValue(obj, path)
+	if err != nil {
+		return 0, fmt.Errorf("cost_from: %w", err)
+	}
+	if n, ok := v.(json.Number); ok {
+		if cost, err := strconv.Atoi(n.String()); err == nil && cost >= 1 && cost <= capacity {
+			return cost, nil
+		}
+	}
+	return 0, fmt.Errorf("cost_from: payload field %q is %s, want an integer in 1..%d (the capacity)", c.CostFrom, describeJSON(v), capacity)
 }
 
 // AutoRenewEnabled reports whether the lease is renewed while the task runs

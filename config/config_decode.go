@@ -138,6 +138,7 @@ type walker struct {
 	// incomplete is set when the walk could not read the whole document,
 	// so that written may lack fields.
 	incomplete bool
+	merging    map[*yaml.Node]bool // the mappings being merged in (enterMerge)
 }
 
 func (w *walker) fail(path string, n *yaml.Node, format string, args ...any) {
@@ -215,8 +216,11 @@ func (w *walker) walkStruct(path string, n *yaml.Node, t reflect.Type) {
 	seen := map[string]int{}
 	for k, v := range pairs(n) {
 		if k.Value == "<<" && k.Tag == "!!merge" {
-			for _, m := range mergeSources(v) {
-				w.walkStruct(path, m, t)
+			for _, m := range mergeSources(v, nil) {
+				if w.enterMerge(path, m) {
+					w.walkStruct(path, m, t)
+					delete(w.merging, m)
+				}
 			}
 			continue
 		}
@@ -241,8 +245,11 @@ func (w *walker) walkMap(path string, n *yaml.Node, t reflect.Type) {
 	seen := map[string]int{}
 	for k, v := range pairs(n) {
 		if k.Value == "<<" && k.Tag == "!!merge" {
-			for _, m := range mergeSources(v) {
-				w.walkMap(path, m, t)
+			for _, m := range mergeSources(v, nil) {
+				if w.enterMerge(path, m) {
+					w.walkMap(path, m, t)
+					delete(w.merging, m)
+				}
 			}
 			continue
 		}
@@ -271,19 +278,44 @@ func pairs(n *yaml.Node) func(yield func(k, v *yaml.Node) bool) {
 	}
 }
 
-// mergeSources returns the mappings a merge key ("<<") pulls in.
-func mergeSources(v *yaml.Node) []*yaml.Node {
+// mergeSources returns the mappings a merge key ("<<") pulls in; seen
+// holds the lists being expanded, so that a list that includes itself
+// through an alias ends.
+func mergeSources(v *yaml.Node, seen map[*yaml.Node]bool) []*yaml.Node {
 	for v.Kind == yaml.AliasNode && v.Alias != nil {
 		v = v.Alias
 	}
 	if v.Kind == yaml.SequenceNode {
+		if seen[v] {
+			return nil
+		}
+		if seen == nil {
+			seen = map[*yaml.Node]bool{}
+		}
+		seen[v] = true
 		var out []*yaml.Node
 		for _, c := range v.Content {
-			out = append(out, mergeSources(c)...)
+			out = append(out, mergeSources(c, seen)...)
 		}
 		return out
 	}
 	return []*yaml.Node{v}
+}
+
+// enterMerge reports whether the mapping m may be merged in at path, and
+// marks it merging until the caller deletes it from w.merging: a mapping
+// that merges itself (through an alias) is an error, not an endless walk.
+func (w *walker) enterMerge(path string, m *yaml.Node) bool {
+	if w.merging[m] {
+		w.incomplete = true
+		w.fail(path, m, "a merge (<<) that includes itself")
+		return false
+	}
+	if w.merging == nil {
+		w.merging = map[*yaml.Node]bool{}
+	}
+	w.merging[m] = true
+	return true
 }
 
 // yamlFields maps the YAML names of a struct's fields to the fields.
@@ -350,11 +382,7 @@ func describe(n *yaml.Node) string {
 	case yaml.SequenceNode:
 		return "a list"
 	case yaml.ScalarNode:
-		v := n.Value
-		if len(v) > 40 {
-			v = v[:40] + "..."
-		}
-		return strconv.Quote(v)
+		return strconv.Quote(shorten(n.Value))
 	}
 	return "an unexpected YAML node"
 }

@@ -122,6 +122,10 @@ func (c CapConfig) withDefaults(typ string, defaultTTL time.Duration, written fi
 		c.Standby = ptr(*c.Standby)
 	}
 	c.CapacityOverrides = maps.Clone(c.CapacityOverrides)
+	if c.CostFrom == "" {
+		setDefault(&c.Cost, 1, written, path, "cost")
+	}
+	c.Weights = maps.Clone(c.Weights)
 	return c
 }
 

@@ -16,6 +16,8 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte("worker: {concurrency: 2, shutdown_timeout: ten}\n"))
 	f.Add([]byte("tasks: {a: {rate_limits: [{key: \"s:{id}\", rate: 100, per: 1s, burst: 20, cost: 2, rate_overrides: {\"s:x\": 400}}]}}\n"))
 	f.Add([]byte("worker: {concurrency: 0}\ntasks: {a: {max_retry: 0, semaphore: {capacity: 1, ttl: 0s, standby: 0}, rate_limits: [{rate: 5, per: 1s, cost: 0}]}}\n"))
+	f.Add([]byte("tasks: {a: {semaphore: {key: \"t:{id}\", capacity: 4, fair_by: \"{tenant_id}\", weights: {acme: 3}, cost: 2, max_waiting: 10, capacity_overrides: {\"t:x\": 2}}}}\n"))
+	f.Add([]byte("tasks: {a: {semaphores: [{key: k, capacity: 3, cost_from: job.pages, max_waiting: 0}, {key: j, capacity: 1, cost: 0, weights: {x: 0}}]}}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := ParseConfig(data)
 		if err != nil {
@@ -47,6 +49,9 @@ func FuzzParseConfig(f *testing.F) {
 				}
 				if _, err := c.KeyTemplate(); err != nil {
 					t.Fatalf("task %q: bad key accepted: %v", typ, err)
+				}
+				if c.CostFrom == "" && (c.Cost < 1 || c.Cost > c.Capacity) || c.CostFrom != "" && c.Cost != 0 || c.MaxWaiting < 0 {
+					t.Fatalf("task %q: invalid cost or max_waiting accepted: %+v", typ, c)
 				}
 			}
 			for _, rl := range cfg.Tasks[typ].RateLimits {

@@ -29,7 +29,7 @@ func TestLoadShippedConfig(t *testing.T) {
 	}
 	want := CapConfig{
 		Key: "legacy-api", Capacity: 5, Mode: ModeRequeue, TTL: 60 * time.Second,
-		WaitTimeout: 10 * time.Second, AutoRenew: ptr(true), OnLeaseLost: LeaseLostCancel,
+		WaitTimeout: 10 * time.Second, AutoRenew: ptr(true), OnLeaseLost: LeaseLostCancel, Cost: 1,
 	}
 	if caps := rf.Caps(); len(caps) != 1 || !reflect.DeepEqual(caps[0], want) {
 		t.Errorf("report:fetch caps = %+v, want [%+v]", caps, want)
@@ -53,7 +53,7 @@ func TestDefaults(t *testing.T) {
 		Tasks: map[string]TaskConfig{
 			"a": {Queue: "default", MaxRetry: ptr(25), Timeout: 30 * time.Minute, Semaphore: &CapConfig{
 				Key: "a", Capacity: 3, Mode: ModeRequeue, TTL: 30 * time.Second, WaitTimeout: 10 * time.Second,
-				AutoRenew: ptr(true), OnLeaseLost: LeaseLostCancel,
+				AutoRenew: ptr(true), OnLeaseLost: LeaseLostCancel, Cost: 1,
 			}},
 			"b": {Queue: "default", MaxRetry: ptr(25), Timeout: 30 * time.Minute},
 		},
@@ -169,6 +169,7 @@ func TestLoadConfigMissingFile(t *testing.T) {
 func TestBadConfigs(t *testing.T) {
 	const task = "tasks:\n  report:fetch:\n    semaphore:\n      key: legacy-api\n      capacity: 5\n"
 	const rate = "tasks: {a: {rate_limits: ["
+	const fair, sem = "tasks: {a: {semaphore: {key: hooks, capacity: 4, ", `tasks["a"].semaphore.`
 	tests := []struct {
 		name string
 		yaml string
@@ -288,6 +289,31 @@ func TestBadConfigs(t *testing.T) {
 		{"plain rate key rendered by a template with another rate", "tasks:\n  a: {rate_limits: [{key: \"s:big\", rate: 40, per: 1s, burst: 10}]}\n  b: {rate_limits: [{key: \"s:{id}\", rate: 10, per: 1s}]}\n",
 			[]string{`tasks["b"].rate_limits[0].rate: key "s:big" is limited to 40 per 1s (burst 10) in tasks["a"].rate_limits[0], but template "s:{id}" of tasks["b"].rate_limits[0] renders it with 10 per 1s (burst 10)`}},
 		{"plain rate key rendered by a template with its override", "tasks:\n  a: {rate_limits: [{key: \"s:big\", rate: 40, per: 1s, burst: 10}]}\n  b: {rate_limits: [{key: \"s:{id}\", rate: 10, per: 1s, rate_overrides: {\"s:big\": 40}}]}\n", nil},
+		{"fair_by unbalanced", fair + "fair_by: \"{tenant_id\"}}}\n", []string{sem + `fair_by: not a valid template: key "{tenant_id": unbalanced "{" at offset 0`}},
+		{"fair_by bad field", fair + "fair_by: \"{tenant id}\"}}}\n", []string{sem + `fair_by: not a valid template: key "{tenant id}": field {tenant id} at offset 0: bad character ' ' in field name`}},
+		{"fair_by without a field", fair + "fair_by: tenant_id}}}\n", []string{sem + `fair_by: "tenant_id" names no payload field; want a template such as "{tenant_id}"`}},
+		{"weights without fair_by", fair + "weights: {acme: 3}}}}\n", []string{sem + `weights: set without fair_by: a weight is that of a fair_by value`}},
+		{"weight zero", fair + "fair_by: \"{tenant_id}\", weights: {acme: 0}}}}\n", []string{sem + `weights["acme"]: must be >= 1, got 0`}},
+		{"weight negative", fair + "fair_by: \"{tenant_id}\", weights: {acme: -2}}}}\n", []string{sem + `weights["acme"]: must be >= 1, got -2`}},
+		{"weight not rendered by fair_by", fair + "fair_by: \"t:{tenant_id}\", weights: {acme: 2}}}}\n", []string{sem + `weights["acme"]: "acme" is not a value that fair_by "t:{tenant_id}" renders`}},
+		{"weight not a number", fair + "fair_by: \"{tenant_id}\", weights: {acme: lots}}}}\n", []string{sem + `weights["acme"]: want an integer, got "lots"`}},
+		{"cost negative", fair + "cost: -1}}}\n", []string{sem + `cost: must be >= 1, got -1`}},
+		{"cost above capacity", fair + "cost: 5}}}\n", []string{sem + `cost: 5 is above capacity 4: such a task could never run`}},
+		{"cost above a capacity override", "tasks: {a: {semaphore: {key: \"t:{id}\", capacity: 4, cost: 3, capacity_overrides: {\"t:x\": 2, \"t:y\": 3}}}}\n",
+			[]string{sem + `cost: 3 is above capacity 2 of key "t:x" (capacity_overrides): such a task could never run`}},
+		{"cost and cost_from", fair + "cost: 2, cost_from: pages}}}\n", []string{sem + `cost: set either cost or cost_from, not both`}},
+		{"cost_from with braces", fair + "cost_from: \"{pages}\"}}}\n", []string{sem + `cost_from: "{pages}" is not a dotted payload field path such as "pages" or "job.pages": bad character '{' in field name`}},
+		{"cost_from empty segment", fair + "cost_from: job..pages}}}\n", []string{sem + `cost_from: "job..pages" is not a dotted payload field path such as "pages" or "job.pages": empty segment in dotted field name`}},
+		{"max_waiting negative", fair + "max_waiting: -5}}}\n", []string{sem + `max_waiting: must be >= 1 (leave it out for no bound), got -5`}},
+		{"max_waiting not a number", fair + "max_waiting: many}}}\n", []string{sem + `max_waiting: want an integer, got "many"`}},
+		{"one key with two fair_by", "tasks:\n  a: {semaphore: {key: k, capacity: 2, fair_by: \"{tenant_id}\"}}\n  b: {semaphore: {key: k, capacity: 2}}\n",
+			[]string{`tasks["b"].semaphore.fair_by: key "k" has fair_by "" here but "{tenant_id}" in tasks["a"].semaphore`}},
+		{"one key with two weights", "tasks:\n  a: {semaphore: {key: k, capacity: 2, fair_by: \"{t}\", weights: {x: 2}}}\n  b: {semaphore: {key: k, capacity: 2, fair_by: \"{t}\"}}\n",
+			[]string{`tasks["b"].semaphore.weights: key "k" has other weights in tasks["a"].semaphore`}},
+		{"one key with two max_waiting", "tasks:\n  a: {semaphore: {key: k, capacity: 2, max_waiting: 10}}\n  b: {semaphore: {key: k, capacity: 2}}\n",
+			[]string{`tasks["b"].semaphore.max_waiting: key "k" has max_waiting 0 here but 10 in tasks["a"].semaphore (0: none)`}},
+		{"one key with two costs", "tasks:\n  a: {semaphore: {key: k, capacity: 4, cost: 3}}\n  b: {semaphore: {key: k, capacity: 4, cost_from: pages}}\n", nil},
+		{"fair share, costs and a bound", fair + "fair_by: \"{tenant.id}\", weights: {acme: 3, globex: 1}, cost_from: job.pages, max_waiting: 1000}}}\n", nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -370,6 +396,16 @@ tasks:
 `
 	if _, err := ParseConfig([]byte(in)); err == nil || !strings.Contains(err.Error(), `tasks["b"].semaphore.bogus: unknown field`) {
 		t.Fatalf("err = %v", err)
+	}
+	// A mapping that merges itself is an error, not an endless walk (found
+	// by FuzzParseConfig); one merged twice is fine.
+	in = "tasks:\n  a: {semaphore: &cap {<<: *cap, mode: t}}\n"
+	if _, err := ParseConfig([]byte(in)); err == nil || !strings.Contains(err.Error(), `tasks["a"].semaphore: a merge (<<) that includes itself (line 2)`) {
+		t.Fatalf("err = %v", err)
+	}
+	in = "tasks:\n  a: {semaphore: &cap {capacity: 1}}\n  b: {semaphore: {<<: [*cap, *cap]}}\n"
+	if _, err := ParseConfig([]byte(in)); err != nil {
+		t.Fatalf("a mapping merged twice: %v", err)
 	}
 }
 
@@ -478,6 +514,11 @@ func TestWrittenZeroIsAnError(t *testing.T) {
 		{"cost", rate + ", cost: 0}]}}\n", rl + "cost: must be >= 1, got 0"},
 		{"rate limit wait_timeout", rate + ", mode: wait, wait_timeout: 0s}]}}\n", rl + "wait_timeout: must be a duration > 0, got 0s"},
 		{"rate override", rate + ", rate_overrides: {\"s:x\": 0}}]}}\n", rl + `rate_overrides["s:x"]: must be >= 1, got 0`},
+		{"cap cost", "tasks: {a: {semaphore: {capacity: 2, cost: 0}}}\n", `tasks["a"].semaphore.cost: must be >= 1, got 0`},
+		{"cap cost beside cost_from", "tasks: {a: {semaphore: {capacity: 2, cost: 0, cost_from: pages}}}\n", `tasks["a"].semaphore.cost: set either cost or cost_from, not both`},
+		{"cap max_waiting", "tasks: {a: {semaphore: {capacity: 2, max_waiting: 0}}}\n", `tasks["a"].semaphore.max_waiting: must be >= 1 (leave it out for no bound), got 0`},
+		{"cap max_waiting in a list", "tasks: {a: {semaphores: [{key: k, capacity: 1}, {key: j, capacity: 1, max_waiting: 0}]}}\n", `tasks["a"].semaphores[1].max_waiting: must be >= 1 (leave it out for no bound), got 0`},
+		{"cap weight", "tasks: {a: {semaphore: {capacity: 2, fair_by: \"{t}\", weights: {x: 0}}}}\n", `tasks["a"].semaphore.weights["x"]: must be >= 1, got 0`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -571,5 +612,84 @@ func TestEmbeddedFilePath(t *testing.T) {
 	cfg, err := ParseConfig(nil)
 	if err != nil || cfg.Redis.EmbeddedFile != "" {
 		t.Errorf("ParseConfig: embedded_file = %q, %v; want none", cfg.Redis.EmbeddedFile, err)
+	}
+}
+
+// TestFairShareCostAndBound: the fields of SPEC §2.10 parse, cost defaults
+// to 1 without cost_from, and the accessors read a payload.
+func TestFairShareCostAndBound(t *testing.T) {
+	cfg, err := ParseConfig([]byte(`
+tasks:
+  hook:
+    semaphore: {key: hooks, capacity: 20, fair_by: "{tenant.id}", weights: {acme: 3}, cost_from: job.pages, max_waiting: 1000,
+                capacity_overrides: {}}
+  plain:
+    semaphore: {key: plain, capacity: 4}
+  fixed:
+    semaphore: {key: "f:{region}", capacity: 4, cost: 3, capacity_overrides: {"f:eu": 8}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hook, plain, fixed := *cfg.Tasks["hook"].Semaphore, *cfg.Tasks["plain"].Semaphore, *cfg.Tasks["fixed"].Semaphore
+	if hook.FairBy != "{tenant.id}" || hook.Cost != 0 || hook.CostFrom != "job.pages" || hook.MaxWaiting != 1000 || !reflect.DeepEqual(hook.Weights, map[string]int{"acme": 3}) {
+		t.Errorf("hook = %+v", hook)
+	}
+	if plain.Cost != 1 || plain.MaxWaiting != 0 || plain.FairBy != "" || plain.Weights != nil {
+		t.Errorf("plain = %+v: want cost 1, no bound, no fair share", plain)
+	}
+
+	for _, c := range []struct {
+		cap      CapConfig
+		payload  string
+		capacity int
+		cost     int
+		wantErr  string
+	}{
+		{plain, `not json`, 4, 1, ""},
+		{fixed, `{}`, 4, 3, ""},
+		{fixed, `{}`, 2, 0, "cost 3 is outside 1..2 (the capacity)"},
+		{CapConfig{}, `{}`, 1, 1, ""}, // 0 in code: 1 seat
+		{hook, `{"job":{"pages":7}}`, 20, 7, ""},
+		{hook, `{"job":{"pages":20}}`, 20, 20, ""},
+		{hook, `{"job":{"pages":21}}`, 20, 0, `cost_from: payload field "job.pages" is 21, want an integer in 1..20 (the capacity)`},
+		{hook, `{"job":{"pages":0}}`, 20, 0, `cost_from: payload field "job.pages" is 0, want an integer in 1..20 (the capacity)`},
+		{hook, `{"job":{"pages":-3}}`, 20, 0, `cost_from: payload field "job.pages" is -3, want an integer in 1..20 (the capacity)`},
+		{hook, `{"job":{"pages":2.5}}`, 20, 0, `cost_from: payload field "job.pages" is 2.5, want an integer in 1..20 (the capacity)`},
+		{hook, `{"job":{"pages":1e99}}`, 20, 0, `cost_from: payload field "job.pages" is 1e99, want an integer in 1..20`},
+		{hook, `{"job":{"pages":"3"}}`, 20, 0, `cost_from: payload field "job.pages" is a string "3", want an integer in 1..20`},
+		{hook, `{"job":{"pages":null}}`, 20, 0, `cost_from: payload field "job.pages" is null, want an integer in 1..20`},
+		{hook, `{"job":{"pages":true}}`, 20, 0, `cost_from: payload field "job.pages" is a boolean true, want an integer`},
+		{hook, `{"job":{}}`, 20, 0, `cost_from: payload field "job.pages" is missing`},
+		{hook, `{"job":5}`, 20, 0, `cost_from: payload field "job.pages": "job" is a number, not an object`},
+		{hook, `[1]`, 20, 0, `cost_from "job.pages": payload is an array, want a JSON object`},
+	} {
+		got, err := c.cap.CostOf([]byte(c.payload), c.capacity)
+		switch {
+		case c.wantErr == "" && (err != nil || got != c.cost):
+			t.Errorf("CostOf(%s, %d) of %q = %d, %v; want %d", c.payload, c.capacity, c.cap.Key, got, err, c.cost)
+		case c.wantErr != "" && (err == nil || !strings.Contains(err.Error(), c.wantErr)):
+			t.Errorf("CostOf(%s, %d) of %q = %d, %v; want the error %q", c.payload, c.capacity, c.cap.Key, got, err, c.wantErr)
+		}
+	}
+
+	if v, err := hook.FairValue([]byte(`{"tenant":{"id":"acme"}}`)); err != nil || v != "acme" || hook.WeightOf(v) != 3 {
+		t.Errorf("FairValue = %q, %v, weight %d; want acme of weight 3", v, err, hook.WeightOf(v))
+	}
+	if hook.WeightOf("globex") != 1 || plain.WeightOf("") != 1 {
+		t.Error("a value without a weight should weigh 1")
+	}
+	if _, err := hook.FairValue([]byte(`{"tenant":{}}`)); err == nil || err.Error() != `fair_by template "{tenant.id}": payload field "tenant.id" is missing` {
+		t.Errorf("FairValue without the field: %v", err)
+	}
+	if v, err := plain.FairValue([]byte(`not json`)); err != nil || v != "" {
+		t.Errorf("FairValue without fair_by = %q, %v; want \"\"", v, err)
+	}
+
+	// withDefaults copies the weights.
+	again := cfg.Tasks["hook"].withDefaults("hook", time.Second, nil)
+	again.Semaphore.Weights["acme"] = 1
+	if hook.Weights["acme"] != 3 {
+		t.Error("withDefaults shares weights with its input")
 	}
 }

@@ -16,12 +16,14 @@ import (
 // validate checks a config with its defaults applied. It reports every
 // problem, each naming its field by YAML path, joined with errors.Join.
 func (c *Config) validate() error {
-	return errors.Join(asErrors(c.fieldErrors())...)
+	return errors.Join(asErrors(c.fieldErrors(nil))...)
 }
 
-// fieldErrors returns every validation problem of the config.
-func (c *Config) fieldErrors() []fieldError {
-	v := &validator{}
+// fieldErrors returns every validation problem of the config; written is
+// the fields its file wrote (nil for a Config built in code), so that a 0
+// written where 0 stands for "none" is an error too.
+func (c *Config) fieldErrors(written fieldSet) []fieldError {
+	v := &validator{written: written}
 	c.validateRedis(v)
 	c.validateWorker(v)
 	c.validateSemaphore(v)
@@ -32,7 +34,14 @@ func (c *Config) fieldErrors() []fieldError {
 }
 
 // validator collects field errors.
-type validator struct{ errs []fieldError }
+type validator struct {
+	errs    []fieldError
+	written fieldSet // the fields the file wrote; nil in code
+}
+
+// wrote reports whether the file wrote the field at path, so that a 0
+// there is not mistaken for a field left out.
+func (v *validator) wrote(path string) bool { return v.written[path] }
 
 func (v *validator) add(field, format string, args ...any) {
 	v.errs = append(v.errs, fieldError{path: field, msg: fmt.Sprintf(format, args...)})
@@ -117,11 +126,13 @@ func (c *Config) validateMonitoring(v *validator) {
 // minTTL is the shortest lease: Redis expires keys in milliseconds.
 const minTTL = time.Millisecond
 
-// declaredCap remembers where a key's capacity was first declared.
+// declaredCap remembers where a key's capacity was first declared, and
+// the rest that every declaration of the key must agree on.
 type declaredCap struct {
 	field     string
 	capacity  int
 	overrides map[string]int
+	cp        CapConfig
 }
 
 func (c *Config) validateTasks(v *validator) {
@@ -213,6 +224,64 @@ func (cp CapConfig) validate(v *validator, field string) {
 			v.add(f, "%q is not a key that template %q renders", k, cp.Key)
 		}
 	}
+	cp.validateFairShare(v, field)
+	cp.validateCost(v, field)
+	if cp.MaxWaiting < 0 || cp.MaxWaiting == 0 && v.wrote(field+".max_waiting") {
+		v.add(field+".max_waiting", "must be >= 1 (leave it out for no bound), got %d", cp.MaxWaiting)
+	}
+}
+
+// validateFairShare checks the cap's fair_by and weights at field.
+func (cp CapConfig) validateFairShare(v *validator, field string) {
+	var fair *KeyTemplate
+	if cp.FairBy != "" {
+		kt, err := ParseKeyTemplate(cp.FairBy)
+		switch {
+		case err != nil:
+			v.add(field+".fair_by", "not a valid template: %v", err)
+		case !kt.IsTemplate():
+			v.add(field+".fair_by", "%q names no payload field; want a template such as \"{tenant_id}\"", cp.FairBy)
+		default:
+			fair = kt
+		}
+	}
+	if len(cp.Weights) > 0 && cp.FairBy == "" {
+		v.add(field+".weights", "set without fair_by: a weight is that of a fair_by value")
+	}
+	for _, k := range slices.Sorted(maps.Keys(cp.Weights)) {
+		f := fmt.Sprintf("%s.weights[%s]", field, strconv.Quote(k))
+		if n := cp.Weights[k]; n < 1 {
+			v.add(f, "must be >= 1, got %d", n)
+		}
+		if fair != nil && !fair.Matches(k) {
+			v.add(f, "%q is not a value that fair_by %q renders", k, cp.FairBy)
+		}
+	}
+}
+
+// validateCost checks the cap's cost and cost_from at field: one of them,
+// and a cost that fits the capacity of every key the cap renders.
+func (cp CapConfig) validateCost(v *validator, field string) {
+	if cp.CostFrom != "" {
+		if cp.Cost != 0 || v.wrote(field+".cost") {
+			v.add(field+".cost", "set either cost or cost_from, not both")
+		}
+		if _, err := parseFieldPath(cp.CostFrom); err != nil {
+			v.add(field+".cost_from", "%q is not a dotted payload field path such as \"pages\" or \"job.pages\": %v", cp.CostFrom, err)
+		}
+		return
+	}
+	switch {
+	case cp.Cost < 1:
+		v.add(field+".cost", "must be >= 1, got %d", cp.Cost)
+	case cp.Cost > cp.Capacity && cp.Capacity >= 1:
+		v.add(field+".cost", "%d is above capacity %d: such a task could never run", cp.Cost, cp.Capacity)
+	}
+	for _, k := range slices.Sorted(maps.Keys(cp.CapacityOverrides)) {
+		if n := cp.CapacityOverrides[k]; cp.Cost > n && n >= 1 {
+			v.add(field+".cost", "%d is above capacity %d of key %q (capacity_overrides): such a task could never run", cp.Cost, n, k)
+		}
+	}
 }
 
 // checkConsistent reports a key (or key template) declared twice with
@@ -220,8 +289,18 @@ func (cp CapConfig) validate(v *validator, field string) {
 func checkConsistent(v *validator, keys map[string]declaredCap, field string, cp CapConfig) {
 	prev, seen := keys[cp.Key]
 	if !seen {
-		keys[cp.Key] = declaredCap{field: field, capacity: cp.Capacity, overrides: cp.CapacityOverrides}
+		keys[cp.Key] = declaredCap{field: field, capacity: cp.Capacity, overrides: cp.CapacityOverrides, cp: cp}
 		return
+	}
+	// The waiting for a key is one: one order and one bound for all its
+	// tasks (cost is the task's own).
+	if prev.cp.FairBy != cp.FairBy {
+		v.add(field+".fair_by", "key %q has fair_by %q here but %q in %s", cp.Key, cp.FairBy, prev.cp.FairBy, prev.field)
+	} else if !maps.Equal(prev.cp.Weights, cp.Weights) {
+		v.add(field+".weights", "key %q has other weights in %s", cp.Key, prev.field)
+	}
+	if prev.cp.MaxWaiting != cp.MaxWaiting {
+		v.add(field+".max_waiting", "key %q has max_waiting %d here but %d in %s (0: none)", cp.Key, cp.MaxWaiting, prev.cp.MaxWaiting, prev.field)
 	}
 	if prev.capacity != cp.Capacity {
 		v.add(field+".capacity", "key %q has capacity %d here but %d in %s", cp.Key, cp.Capacity, prev.capacity, prev.field)

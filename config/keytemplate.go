@@ -139,12 +139,17 @@ func (k *KeyTemplate) Fields() []string {
 // is not a JSON object is an error naming the field: the task cannot be
 // capped and must not run.
 func (k *KeyTemplate) Render(payload []byte) (string, error) {
+	return k.render("key template", payload)
+}
+
+// render is Render, with errors that call the template what.
+func (k *KeyTemplate) render(what string, payload []byte) (string, error) {
 	if !k.IsTemplate() {
 		return k.raw, nil
 	}
 	obj, err := decodeObject(payload)
 	if err != nil {
-		return "", fmt.Errorf("key template %q: %w", k.raw, err)
+		return "", fmt.Errorf("%s %q: %w", what, k.raw, err)
 	}
 	var b strings.Builder
 	for _, p := range k.parts {
@@ -154,11 +159,11 @@ func (k *KeyTemplate) Render(payload []byte) (string, error) {
 		}
 		v, err := lookupField(obj, p.path)
 		if err != nil {
-			return "", fmt.Errorf("key template %q: %w", k.raw, err)
+			return "", fmt.Errorf("%s %q: %w", what, k.raw, err)
 		}
 		b.WriteString(v)
 		if b.Len() > MaxRenderedKeyLen {
-			return "", fmt.Errorf("key template %q: rendered key is longer than %d bytes", k.raw, MaxRenderedKeyLen)
+			return "", fmt.Errorf("%s %q: rendered key is longer than %d bytes", what, k.raw, MaxRenderedKeyLen)
 		}
 	}
 	return b.String(), nil
@@ -183,20 +188,31 @@ func decodeObject(payload []byte) (map[string]any, error) {
 	return obj, nil
 }
 
-// lookupField follows path through nested objects and renders the scalar at
+// lookupValue follows path through nested objects and returns the value at
 // its end.
-func lookupField(obj map[string]any, path []string) (string, error) {
+func lookupValue(obj map[string]any, path []string) (any, error) {
 	name := strings.Join(path, ".")
 	var v any = obj
 	for i, seg := range path {
 		m, ok := v.(map[string]any)
 		if !ok {
 			parent := strings.Join(path[:i], ".")
-			return "", fmt.Errorf("payload field %q: %q is %s, not an object", name, parent, jsonKind(v))
+			return nil, fmt.Errorf("payload field %q: %q is %s, not an object", name, parent, jsonKind(v))
 		}
 		if v, ok = m[seg]; !ok {
-			return "", fmt.Errorf("payload field %q is missing", name)
+			return nil, fmt.Errorf("payload field %q is missing", name)
 		}
+	}
+	return v, nil
+}
+
+// lookupField follows path through nested objects and renders the scalar at
+// its end.
+func lookupField(obj map[string]any, path []string) (string, error) {
+	name := strings.Join(path, ".")
+	v, err := lookupValue(obj, path)
+	if err != nil {
+		return "", err
 	}
 	switch v := v.(type) {
 	case string:
@@ -229,6 +245,28 @@ func jsonKind(v any) string {
 		return "a boolean"
 	}
 	return fmt.Sprintf("%T", v)
+}
+
+// describeJSON says what a decoded JSON value is, with the value itself
+// when it is a scalar (shortened), for messages.
+func describeJSON(v any) string {
+	switch v := v.(type) {
+	case json.Number:
+		return shorten(v.String())
+	case string:
+		return "a string " + strconv.Quote(shorten(v))
+	case bool:
+		return "a boolean " + strconv.FormatBool(v)
+	}
+	return jsonKind(v)
+}
+
+// shorten cuts s to at most 40 bytes for a message.
+func shorten(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "..."
+	}
+	return s
 }
 
 // shape is the template with its field names left out ("tenant:{}"): two

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
 
+	"github.com/fleetcap/fleetcap/admission"
 	"github.com/fleetcap/fleetcap/config"
 	"github.com/fleetcap/fleetcap/producer"
 	"github.com/fleetcap/fleetcap/tasks"
@@ -90,4 +92,43 @@ func ExampleProducer_EnqueueAll() {
 	// Output:
 	// enqueued on critical
 	// enqueued on critical
+}
+
+// A cap with max_waiting bounds the tasks that may wait for its key: once
+// that many wait, Enqueue refuses the next with ErrFull, and the caller
+// can shed the load or try again later. Here no worker takes the tasks:
+// the first holds the cap's one standby place, the second waits in Redis.
+func ExampleErrFull() {
+	cfg, err := config.ParseConfig(fmt.Appendf(nil, `
+redis: {url: "redis://%s"}
+tasks:
+  export:run:
+    semaphore: {key: "exports-%s", capacity: 1, max_waiting: 2}
+`, redisAddr, uuid.NewString())) // a key of its own: the example's Redis is shared
+	if err != nil {
+		panic(err)
+	}
+	p, err := producer.New(cfg)
+	if err != nil {
+		panic(err)
+	}
+	defer p.Close()
+	ctx := context.Background()
+
+	for range 3 {
+		_, err := p.Enqueue(ctx, "export:run", []byte(`{}`))
+		var full *admission.FullError
+		switch {
+		case errors.Is(err, producer.ErrFull) && errors.As(err, &full):
+			fmt.Printf("refused: %d wait, max_waiting %d\n", full.Waiting, full.MaxWaiting)
+		case err != nil:
+			panic(err)
+		default:
+			fmt.Println("enqueued")
+		}
+	}
+	// Output:
+	// enqueued
+	// enqueued
+	// refused: 2 wait, max_waiting 2
 }

@@ -33,18 +33,28 @@ import (
 
 // ErrInvalid matches (errors.Is) every error about a task the fleet would
 // not run: a task type the config does not declare, a payload its
-// validator rejects, a semaphore
-// key the payload cannot render, a queue no worker serves. Nothing was
-// enqueued when it is returned.
+// validator rejects, a semaphore key, fair_by value or cost (cost,
+// cost_from: 1..capacity) the payload cannot give, a queue no worker
+// serves. Nothing was enqueued when it is returned.
 var ErrInvalid = errors.New("producer: invalid task")
 
+// ErrFull matches (errors.Is) the error of an Enqueue refused because a cap
+// of the task has no place for it and its key already has the cap's
+// max_waiting tasks waiting, fleet-wide (SPEC §2.10); errors.As finds the
+// *admission.FullError that names the key. Nothing was enqueued and no
+// place is kept for the task; it may be enqueued again once fewer wait.
+// The bound is checked, not reserved: producers enqueueing at the same
+// moment may overshoot it by their number.
+var ErrFull = errors.New("producer: the cap's max_waiting is reached")
+
 // invalid marks err as bad input: it matches ErrInvalid and still err.
-func invalid(err error) error { return invalidError{err} }
+func invalid(err error) error { return markedError{ErrInvalid, err} }
 
-type invalidError struct{ err error }
+// markedError is err that also matches the sentinel mark.
+type markedError struct{ mark, err error }
 
-func (e invalidError) Error() string   { return e.err.Error() }
-func (e invalidError) Unwrap() []error { return []error{ErrInvalid, e.err} }
+func (e markedError) Error() string   { return e.err.Error() }
+func (e markedError) Unwrap() []error { return []error{e.mark, e.err} }
 
 // Option tunes New and Open.
 type Option func(*options)
@@ -187,7 +197,8 @@ func (p *Producer) Check(taskType string, payload []byte, opts ...asynq.Option) 
 // asynq.Unique). It starts a producer span and carries its traceparent in
 // the task's headers. Bad input returns an error matching ErrInvalid and
 // enqueues nothing; asynq's errors (asynq.ErrDuplicateTask, ...) are
-// wrapped. The first capped task opens fleetcap's keys in Redis: on a
+// wrapped. A task refused for its cap's max_waiting returns an error
+// matching ErrFull and enqueues nothing. The first capped task opens fleetcap's keys in Redis: on a
 // Redis of another build's layout it fails with a *admission.LayoutError (worker.LayoutError)
 // that says what to do, and so does every later one until that is done.
 func (p *Producer) Enqueue(ctx context.Context, taskType string, payload []byte, opts ...asynq.Option) (*asynq.TaskInfo, error) {
@@ -257,6 +268,9 @@ func (p *Producer) enqueue(ctx context.Context, pl *plan, payload []byte, header
 		opts = append(slices.Clip(opts), asynq.TaskID(id))
 	}
 	route, err := p.gate.Route(ctx, pl.taskType, payload, pl.queue, id)
+	if fe := (*admission.FullError)(nil); errors.As(err, &fe) {
+		return nil, markedError{ErrFull, err}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -348,8 +362,9 @@ func (p *Producer) plan(taskType string, opts []asynq.Option) (*plan, error) {
 }
 
 // check validates one payload: the task type's validator, if it has one,
-// then every key of its caps and rate limits, so that no task the worker
-// could not cap or limit is enqueued.
+// then every key of its caps and rate limits, and the fair share value and
+// cost of its caps, so that no task the worker could not cap or limit is
+// enqueued.
 func (pl *plan) check(payload []byte) error {
 	if pl.validate != nil {
 		if err := pl.validate(payload); err != nil {
@@ -357,8 +372,15 @@ func (pl *plan) check(payload []byte) error {
 		}
 	}
 	for _, c := range pl.caps {
-		if _, err := c.RenderKey(payload); err != nil {
+		key, err := c.RenderKey(payload)
+		if err != nil {
 			return invalid(fmt.Errorf("semaphore key: %w", err))
+		}
+		if _, err := c.CostOf(payload, c.CapacityFor(key)); err != nil {
+			return invalid(fmt.Errorf("semaphore %q: %w", key, err))
+		}
+		if _, err := c.FairValue(payload); err != nil {
+			return invalid(fmt.Errorf("semaphore %q: %w", key, err))
 		}
 	}
 	for _, r := range pl.rates {

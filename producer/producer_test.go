@@ -14,10 +14,12 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/fleetcap/fleetcap/admission"
 	"github.com/fleetcap/fleetcap/config"
 	"github.com/fleetcap/fleetcap/internal/layout"
 	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
 	"github.com/fleetcap/fleetcap/producer"
+	"github.com/fleetcap/fleetcap/semaphore"
 	"github.com/fleetcap/fleetcap/tasks"
 	"github.com/fleetcap/fleetcap/worker"
 )
@@ -547,5 +549,127 @@ func TestProducerReadsItsFleetsOverrides(t *testing.T) {
 		if got.State != want {
 			t.Errorf("fleet %s: the task is %s, want %s", prefix, got.State, want)
 		}
+	}
+}
+
+// boundedConfig declares a cap of one seat on which at most two tasks may
+// wait, and a cap whose tasks take the seats their payload asks for.
+const boundedConfig = `redis: {url: %q}
+tasks:
+  job:
+    semaphore: {key: bounded, capacity: 1, max_waiting: 2}
+  print:
+    semaphore: {key: "printer:{site}", capacity: 4, cost_from: pages, capacity_overrides: {"printer:hq": 2}}
+`
+
+// TestMaxWaitingRefuses: with no worker taking tasks, a cap of one seat
+// and max_waiting 2 lets two tasks wait (the first holds the standby place
+// the default budget gives, the second is parked), then refuses the next
+// with an error matching ErrFull and *admission.FullError, and enqueues
+// nothing of it: no task in asynq, no place kept. Once the waiting tasks
+// are gone, the next enqueue works. (SPEC §2.10.)
+func TestMaxWaitingRefuses(t *testing.T) {
+	srv := redistest.Start(t)
+	p := newProducerOf(t, fmt.Appendf(nil, boundedConfig, srv.URL()))
+	insp := asynq.NewInspector(asynq.RedisClientOpt{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = insp.Close() })
+	sem, err := semaphore.New(srv.Client(), semaphore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sem.Close() })
+	ctx := context.Background()
+
+	var ids []string
+	var refused error
+	for i := range 10 {
+		info, err := p.Enqueue(ctx, "job", []byte(`{}`), asynq.TaskID(fmt.Sprintf("job-%d", i)))
+		if err != nil {
+			refused = err
+			break
+		}
+		ids = append(ids, info.ID)
+	}
+	var fe *admission.FullError
+	if !errors.Is(refused, producer.ErrFull) || !errors.As(refused, &fe) || errors.Is(refused, producer.ErrInvalid) {
+		t.Fatalf("after %d tasks: err = %v, want ErrFull and an *admission.FullError", len(ids), refused)
+	}
+	if want := `producer: enqueue job: 2 tasks wait for semaphore "bounded", its max_waiting is 2`; refused.Error() != want {
+		t.Errorf("err = %q\nwant %q", refused, want)
+	}
+	if fe.Key != "bounded" || fe.MaxWaiting != 2 || fe.Waiting != 2 {
+		t.Errorf("FullError = %+v, want key bounded, 2 waiting of max_waiting 2", fe)
+	}
+	if len(ids) != 2 {
+		t.Errorf("%d tasks enqueued before the refusal, want 2 (one standing by, one parked)", len(ids))
+	}
+	refusedID := fmt.Sprintf("job-%d", len(ids))
+	if _, err := insp.GetTaskInfo("default", refusedID); !errors.Is(err, asynq.ErrTaskNotFound) {
+		t.Errorf("the refused task %s: %v, want asynq.ErrTaskNotFound", refusedID, err)
+	}
+	if n := queuedTasks(t, insp); n != len(ids) {
+		t.Errorf("asynq holds %d tasks, want the %d enqueued", n, len(ids))
+	}
+	if st, err := sem.RoomStats(ctx, "bounded"); err != nil || st.Waiting != len(ids) {
+		t.Errorf("room stats %+v, %v: want %d waiting (nothing kept for the refused task)", st, err, len(ids))
+	}
+
+	// The waiting tasks go (deleted; a worker's audit dismisses their
+	// tokens within a second, done here at once): the next one is taken.
+	for _, id := range ids {
+		if err := insp.DeleteTask("default", id); err != nil {
+			t.Fatal(err)
+		}
+		if err := sem.Dismiss(ctx, "bounded", admission.Token{Queue: "default", ID: id}.String()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	info, err := p.Enqueue(ctx, "job", []byte(`{}`), asynq.TaskID(refusedID))
+	if err != nil {
+		t.Fatalf("Enqueue once nothing waits: %v", err)
+	}
+	if got, err := insp.GetTaskInfo("default", info.ID); err != nil || got.State != asynq.TaskStatePending {
+		t.Errorf("task %+v, %v: want it pending", got, err)
+	}
+}
+
+// queuedTasks counts the tasks of the default queue, pending or
+// scheduled.
+func queuedTasks(t *testing.T, insp *asynq.Inspector) int {
+	t.Helper()
+	qi, err := insp.GetQueueInfo("default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return qi.Pending + qi.Scheduled
+}
+
+// TestCostOutOfRangeIsInvalid: a payload whose cost_from value is missing,
+// not an integer, or outside 1..the key's configured capacity is refused
+// as ErrInvalid and enqueues nothing; one in range is enqueued.
+func TestCostOutOfRangeIsInvalid(t *testing.T) {
+	srv := redistest.Start(t)
+	p := newProducerOf(t, fmt.Appendf(nil, boundedConfig, srv.URL()))
+	ctx := context.Background()
+	for _, c := range []struct{ payload, want string }{
+		{`{"site":"lab","pages":5}`, `semaphore "printer:lab": cost_from: payload field "pages" is 5, want an integer in 1..4 (the capacity)`},
+		{`{"site":"hq","pages":3}`, `semaphore "printer:hq": cost_from: payload field "pages" is 3, want an integer in 1..2 (the capacity)`},
+		{`{"site":"lab","pages":0}`, `payload field "pages" is 0, want an integer in 1..4`},
+		{`{"site":"lab","pages":1.5}`, `payload field "pages" is 1.5, want an integer in 1..4`},
+		{`{"site":"lab"}`, `semaphore "printer:lab": cost_from: payload field "pages" is missing`},
+	} {
+		_, err := p.Enqueue(ctx, "print", []byte(c.payload))
+		if !errors.Is(err, producer.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: err = %v, want ErrInvalid and %q", c.payload, err, c.want)
+		}
+		if err := p.Check("print", []byte(c.payload)); !errors.Is(err, producer.ErrInvalid) {
+			t.Errorf("Check(%s) = %v, want ErrInvalid", c.payload, err)
+		}
+	}
+	if n, err := srv.Client().DBSize(ctx).Result(); err != nil || n != 0 {
+		t.Fatalf("Redis holds %d keys (%v) after bad input, want none", n, err)
+	}
+	if _, err := p.Enqueue(ctx, "print", []byte(`{"site":"lab","pages":4}`)); err != nil {
+		t.Errorf("a cost of the whole capacity: %v", err)
 	}
 }

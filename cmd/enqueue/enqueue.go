@@ -135,6 +135,10 @@ func enqueueAll(ctx context.Context, p *producer.Producer, taskType string, payl
 			}
 		case errors.Is(err, producer.ErrInvalid):
 			return &usageError{err: err} // not expected: every payload was checked
+		case errors.Is(err, producer.ErrFull) && len(payloads) == 1:
+			return fmt.Errorf("not enqueued: %w", err)
+		case errors.Is(err, producer.ErrFull):
+			return fmt.Errorf("enqueued %d of %d tasks, then stopped: %w", enqueued, len(payloads), err)
 		case err != nil && ctx.Err() != nil:
 			return fmt.Errorf("stopped after enqueueing %d of %d tasks: %w", enqueued, len(payloads), err)
 		case err != nil:

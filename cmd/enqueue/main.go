@@ -7,7 +7,9 @@
 // JSON payload a line from stdin, validates them all and only then enqueues
 // them. It prints one task ID a line. Exit codes: 0 done, 1 a runtime
 // failure (Redis unreachable, enqueue failed), 2 bad input (flags, config,
-// task type, payload): then nothing is enqueued.
+// task type, payload): then nothing is enqueued; 2 too when a cap's
+// max_waiting is reached (the message names the key): that task and the
+// ones after it are not enqueued.
 package main
 
 import (
@@ -21,6 +23,8 @@ import (
 	"syscall"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetcap/fleetcap/producer"
 )
 
 func main() {
@@ -43,6 +47,7 @@ const (
 	exitOK      = 0
 	exitFailure = 1 // something went wrong at run time
 	exitUsage   = 2 // bad input; nothing was enqueued
+	exitFull    = 2 // a cap's max_waiting is reached; the rest was not enqueued
 )
 
 // run is the whole command; it returns the exit code.
@@ -63,6 +68,8 @@ func exitCode(err error) int {
 		return exitOK
 	case errors.As(err, &ue):
 		return exitUsage
+	case errors.Is(err, producer.ErrFull):
+		return exitFull
 	default:
 		return exitFailure
 	}

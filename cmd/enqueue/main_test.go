@@ -326,3 +326,29 @@ func TestEnqueueToEmbeddedRedis(t *testing.T) {
 		t.Errorf("task = %+v, %v", info, err)
 	}
 }
+
+// TestMaxWaitingExits2: once a cap's max_waiting tasks wait for its key,
+// enqueue stops with exit 2 and a message naming the key: in bulk, after
+// printing the IDs of the tasks it enqueued before; alone, enqueueing
+// nothing. (No worker runs: of a cap of one seat and max_waiting 2, one
+// task holds the standby place and one is parked.)
+func TestMaxWaitingExits2(t *testing.T) {
+	t.Setenv(config.EnvRedisURL, "")
+	srv := redistest.Start(t)
+	cfg := writeConfig(t, fmt.Sprintf("redis: {url: %q}\ntasks: {job: {semaphore: {key: bounded, capacity: 1, max_waiting: 2}}}\n", srv.URL()))
+	const full = `producer: enqueue job: 2 tasks wait for semaphore "bounded", its max_waiting is 2`
+	code, ids, stderr := runCmd(t, "", "--config", cfg, "--count", "5", "job", "{}")
+	if code != exitFull || len(ids) != 2 || !strings.Contains(stderr, "enqueue: enqueued 2 of 5 tasks, then stopped: "+full) {
+		t.Errorf("bulk: exit %d, ids %q, stderr:\n%s\nwant exit 2, two IDs and %q", code, ids, stderr, full)
+	}
+	code, more, stderr := runCmd(t, "", "--config", cfg, "job", "{}")
+	if code != exitFull || len(more) != 0 || stderr != "enqueue: not enqueued: "+full+"\n" {
+		t.Errorf("one: exit %d, ids %q, stderr:\n%s\nwant exit 2, no ID and %q", code, more, stderr, full)
+	}
+	insp := asynq.NewInspector(asynq.RedisClientOpt{Addr: srv.Addr()})
+	defer insp.Close()
+	qi, err := insp.GetQueueInfo("default")
+	if err != nil || qi.Size != len(ids) {
+		t.Errorf("queue %+v, %v: want the %d tasks enqueued, no more", qi, err, len(ids))
+	}
+}
