@@ -284,7 +284,14 @@ func (a *Admitter) enterAll(ctx context.Context, taken []heldSeat, token string)
 			continue
 		}
 		l := taken[i].Limit
-		e, err := a.Semaphore.Enter(ctx, l.Key, l.Capacity, token, a.room(l), a.permitOptions(ctx, l)...)
+		permits := l.Capacity
+		if l.Seats > permits {
+			// An operator lowered the capacity below the task's cost: it
+			// waits as on a paused key, holding nothing back, until the
+			// capacity is raised again.
+			permits = 0
+		}
+		e, err := a.Semaphore.Enter(ctx, l.Key, permits, token, a.room(l), a.permitOptions(ctx, l)...)
 		if err != nil {
 			return i, nil, a.acquireFailed(l.Key, err)
 		}
@@ -355,10 +362,10 @@ func (a *Admitter) standBy(ctx context.Context, l Limit, entry *semaphore.Entry,
 }
 
 // permitOptions are the options of a seat taken for the task of ctx: its
-// ID labels the seat.
+// ID labels the seat, and it takes the task's cost in seats.
 func (a *Admitter) permitOptions(ctx context.Context, l Limit) []semaphore.AcquireOption {
 	taskID, _ := asynq.GetTaskID(ctx)
-	opts := []semaphore.AcquireOption{semaphore.WithTTL(l.Cap.TTL), semaphore.WithHolder(taskID)}
+	opts := []semaphore.AcquireOption{semaphore.WithTTL(l.Cap.TTL), semaphore.WithHolder(taskID), semaphore.WithWeight(max(l.Seats, 1))}
 	if l.Cap.AutoRenewEnabled() {
 		opts = append(opts, semaphore.WithAutoRenew())
 	}

@@ -133,3 +133,27 @@ func ExamplePermit_Fence() {
 	// next holder writes: <nil>
 	// late write refused: true value: b
 }
+
+// A print job takes one seat of the printer pool per 10 pages: a heavy job
+// takes several, and UsedPermits counts seats.
+func ExampleWithWeight() {
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	sem, err := semaphore.New(rdb, semaphore.Options{})
+	if err != nil {
+		panic(err)
+	}
+	defer sem.Close()
+	ctx := context.Background()
+
+	big, err := sem.Acquire(ctx, "printers", 4, semaphore.WithWeight(3))
+	if err != nil {
+		panic(err)
+	}
+	seats, _ := sem.UsedPermits(ctx, "printers")
+	another, _ := sem.TryAcquire(ctx, "printers", 4, semaphore.WithWeight(2))
+	fmt.Println("seats used:", seats, "a second heavy job gets one:", another != nil)
+	_ = big.Release(ctx)
+	// Output:
+	// seats used: 3 a second heavy job gets one: false
+}

@@ -1,0 +1,127 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
+	"github.com/fleetcap/fleetcap/worker"
+)
+
+// costLog records, across the workers of a test, the seats in use by the
+// costs of the running tasks, the most seen, the order tasks started in
+// and how often each ran.
+type costLog struct {
+	mu       sync.Mutex
+	inflight int
+	peak     int
+	started  []string
+	runs     map[string]int
+}
+
+func (c *costLog) handler(ms int) asynq.HandlerFunc {
+	return func(ctx context.Context, t *asynq.Task) error {
+		var p struct {
+			Name  string `json:"name"`
+			Pages int    `json:"pages"`
+		}
+		if err := json.Unmarshal(t.Payload(), &p); err != nil {
+			return err
+		}
+		c.mu.Lock()
+		c.inflight += p.Pages
+		c.peak = max(c.peak, c.inflight)
+		c.started = append(c.started, p.Name)
+		c.runs[p.Name]++
+		c.mu.Unlock()
+		time.Sleep(time.Duration(ms) * time.Millisecond)
+		c.mu.Lock()
+		c.inflight -= p.Pages
+		c.mu.Unlock()
+		return nil
+	}
+}
+
+func (c *costLog) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.started)
+}
+
+// startWorkers runs n workers of one fleet on srv with tasksYAML, each of
+// concurrency 4, serving typ with h, until the test ends.
+func startWorkers(t *testing.T, srv *redistest.Server, n int, tasksYAML, typ string, h asynq.Handler) {
+	t.Helper()
+	cfg, err := worker.ParseConfig([]byte(fmt.Sprintf("redis:\n  url: %q\nworker:\n  concurrency: 4\n  shutdown_timeout: 3s\ntasks:\n%s", srv.URL(), tasksYAML)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range n {
+		w, err := worker.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Handle(typ, h)
+		serve(t, w)
+	}
+}
+
+// TestCostFromTakesSeats: on two workers, tasks take their payload's pages
+// in seats of a cap of 4: the seats of the running tasks never exceed 4, a
+// task of 4 pages enqueued early is overtaken by no more tasks than the
+// fleet's slots, and every task runs once.
+func TestCostFromTakesSeats(t *testing.T) {
+	srv := redistest.Start(t)
+	log := &costLog{runs: map[string]int{}}
+	startWorkers(t, srv, 2, `  print:
+    semaphore: {key: printer, capacity: 4, cost_from: pages, standby: 2}
+`, "print", log.handler(15))
+	client := asynq.NewClient(asynq.RedisClientOpt{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = client.Close() })
+	const tasks, heavyAt = 40, 4
+	for i := range tasks {
+		pages := 1 + i%2
+		if i == heavyAt {
+			pages = 4
+		}
+		payload := fmt.Sprintf(`{"name":"t%d","pages":%d}`, i, pages)
+		if _, err := client.Enqueue(asynq.NewTask("print", []byte(payload)), asynq.MaxRetry(20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitfor.Condition(t, 60*time.Second, "every task done", func() bool { return log.count() >= tasks })
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	if log.peak > 4 {
+		t.Errorf("running tasks held %d seats at once, want at most 4", log.peak)
+	}
+	for name, n := range log.runs {
+		if n != 1 {
+			t.Errorf("%s ran %d times", name, n)
+		}
+	}
+	if len(log.runs) != tasks {
+		t.Errorf("%d tasks ran, want %d", len(log.runs), tasks)
+	}
+	overtaken := 0
+	for _, name := range log.started {
+		if name == fmt.Sprintf("t%d", heavyAt) {
+			break
+		}
+		var i int
+		if _, err := fmt.Sscanf(name, "t%d", &i); err == nil && i > heavyAt {
+			overtaken++
+		}
+	}
+	t.Logf("peak %d of 4 seats; the 4-page task was overtaken by %d later tasks", log.peak, overtaken)
+	if overtaken > 8 {
+		t.Errorf("the 4-page task was overtaken by %d later tasks, want at most the fleet's 8 slots", overtaken)
+	}
+}
