@@ -8,6 +8,7 @@ import (
 
 	"github.com/fleetcap/fleetcap/config"
 	"github.com/fleetcap/fleetcap/ratelimit"
+	"github.com/fleetcap/fleetcap/semaphore"
 )
 
 // Kind says how a limit holds a task back.
@@ -215,6 +216,15 @@ func tighterBound(a, b int) int {
 		return a
 	}
 	return min(a, b)
+}
+
+// lineOptions place a task's token in its cap's line: in its fair share's
+// turn, when the cap has fair_by.
+func (l Limit) lineOptions() []semaphore.AcquireOption {
+	if l.Kind != KindCap || l.Cap.FairBy == "" {
+		return nil
+	}
+	return []semaphore.AcquireOption{semaphore.WithShare(l.Share, max(l.ShareWeight, 1))}
 }
 
 // size sets the size in force of l's key.

@@ -362,10 +362,11 @@ func (a *Admitter) standBy(ctx context.Context, l Limit, entry *semaphore.Entry,
 }
 
 // permitOptions are the options of a seat taken for the task of ctx: its
-// ID labels the seat, and it takes the task's cost in seats.
+// ID labels the seat, it takes the task's cost in seats, and it waits in
+// its fair share's line.
 func (a *Admitter) permitOptions(ctx context.Context, l Limit) []semaphore.AcquireOption {
 	taskID, _ := asynq.GetTaskID(ctx)
-	opts := []semaphore.AcquireOption{semaphore.WithTTL(l.Cap.TTL), semaphore.WithHolder(taskID), semaphore.WithWeight(max(l.Seats, 1))}
+	opts := append([]semaphore.AcquireOption{semaphore.WithTTL(l.Cap.TTL), semaphore.WithHolder(taskID), semaphore.WithWeight(max(l.Seats, 1))}, l.lineOptions()...)
 	if l.Cap.AutoRenewEnabled() {
 		opts = append(opts, semaphore.WithAutoRenew())
 	}

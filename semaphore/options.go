@@ -15,6 +15,8 @@ type acquireConfig struct {
 	autoRenew   bool
 	holder      string
 	seats       int           // the permit's weight: seats it takes (WithWeight)
+	share       string        // its fair-share value (WithShare); "" for none
+	shareWeight int           // that value's weight
 	roomTTL     time.Duration // how long the waiting room's keys outlive a call (Enter)
 	err         error
 }
@@ -81,14 +83,51 @@ func WithWeight(n int) AcquireOption {
 	}
 }
 
+// WithShare makes the caller wait as one of the share value's waiters, on
+// a key where every caller gives one (a fair key): when the key is full,
+// the values that have callers waiting take turns at the seats that free,
+// a value of weight w w times as often as one of weight 1, first come
+// first served within a value (start-time fair queueing on the arrival
+// order). weight must be >= 1. Give every caller of a fair key a share: a
+// caller without one is placed by its real arrival, which is no turn of
+// any value.
+func WithShare(value string, weight int) AcquireOption {
+	return func(c *acquireConfig) {
+		switch {
+		case value == "":
+			c.err = fmt.Errorf("semaphore: WithShare: the value must not be empty")
+			return
+		case weight < 1:
+			c.err = fmt.Errorf("semaphore: WithShare: weight must be >= 1, got %d", weight)
+			return
+		}
+		c.share, c.shareWeight = value, weight
+	}
+}
+
+// shareArgs are the script arguments of c's fair share, if it has one.
+func (c acquireConfig) shareArgs() []any {
+	if c.share == "" {
+		return nil
+	}
+	return []any{"share", c.share, "shareweight", c.shareWeight}
+}
+
 // acquireConfig reads the options of a call for a permit of key, a
-// semaphore of permits seats (0: paused, for Enter).
+// semaphore of permits seats.
 func (s *Service) acquireConfig(key string, permits int, opts []AcquireOption) (acquireConfig, error) {
+	if err := checkPermits(permits); err != nil {
+		return acquireConfig{}, err
+	}
+	return s.lineConfig(key, permits, opts)
+}
+
+// lineConfig reads the options of a call of the waiting room (Enter,
+// Reserve, Park) on key, of permits seats (0: paused, when any weight
+// goes; the caller checked permits).
+func (s *Service) lineConfig(key string, permits int, opts []AcquireOption) (acquireConfig, error) {
 	c := acquireConfig{ttl: s.ttl, roomTTL: 3 * time.Minute, seats: 1}
 	if err := checkKey(key); err != nil {
-		return c, err
-	}
-	if err := checkPermits(max(permits, 1)); err != nil {
 		return c, err
 	}
 	for _, o := range opts {

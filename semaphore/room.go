@@ -105,7 +105,7 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 	if err := s.checkRoomCall(key, permits, token, room); err != nil {
 		return nil, err
 	}
-	cfg, err := s.acquireConfig(key, permits, opts)
+	cfg, err := s.lineConfig(key, permits, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -194,12 +194,18 @@ func (e *Entry) Park(ctx context.Context) error {
 // Reserve asks for a standby place of key for a task that is not in a slot
 // yet (a producer's new task): true when it got one and the task may go
 // straight to its queue; false when the task should wait in the room:
-// enqueue it where it is not dequeued, then Park its token.
-func (s *Service) Reserve(ctx context.Context, key string, permits int, token string, room Room) (bool, error) {
+// enqueue it where it is not dequeued, then Park its token. Of opts,
+// WithShare places a new token on a fair key.
+func (s *Service) Reserve(ctx context.Context, key string, permits int, token string, room Room, opts ...AcquireOption) (bool, error) {
 	if err := s.checkRoomCall(key, permits, token, room); err != nil {
 		return false, err
 	}
-	req := s.newRequest(key, max(permits, 1), acquireConfig{ttl: time.Millisecond})
+	cfg, err := s.lineConfig(key, permits, opts)
+	if err != nil {
+		return false, err
+	}
+	cfg.ttl = time.Millisecond
+	req := s.newRequest(key, max(permits, 1), cfg)
 	req.capacity = permits
 	_, rep, err := s.ask(req, newWaiter(req, token), "reserve", room.args()...)
 	if err != nil {
@@ -211,12 +217,18 @@ func (s *Service) Reserve(ctx context.Context, key string, permits int, token st
 // Park puts the task of token in key's waiting room: it waits in its
 // queue, not in a slot, until a place frees for it (a token that stood by
 // or stepped aside goes back with its arrival). When a place is free now,
-// the token is let out at once, to Options.OnWake like the others.
-func (s *Service) Park(ctx context.Context, key string, permits int, token string, room Room) error {
+// the token is let out at once, to Options.OnWake like the others. Of
+// opts, WithShare places a new token on a fair key.
+func (s *Service) Park(ctx context.Context, key string, permits int, token string, room Room, opts ...AcquireOption) error {
 	if err := s.checkRoomCall(key, permits, token, room); err != nil {
 		return err
 	}
-	rep, err := s.runNamed(ctx, parkScript, s.keysFor(key), s.settleArgs(key, append(room.args(), "token", token, "capacity", permits)...)...)
+	cfg, err := s.lineConfig(key, permits, opts)
+	if err != nil {
+		return err
+	}
+	args := append(room.args(), "token", token, "capacity", permits)
+	rep, err := s.runNamed(ctx, parkScript, s.keysFor(key), s.settleArgs(key, append(args, cfg.shareArgs()...)...)...)
 	if err != nil {
 		return fmt.Errorf("semaphore: park on %q: %w", key, err)
 	}

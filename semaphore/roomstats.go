@@ -13,6 +13,14 @@ var roomStatsScript = roomScript("roomstats.lua")
 // few hundred), and a reading must stay one short script call.
 const roomStatsStandbyMax = 1000
 
+// roomStatsTopValues is how many share values RoomStats lists, and
+// roomStatsRealsMax how many tokens of a fair key it looks at for them
+// and for the oldest real arrival.
+const (
+	roomStatsTopValues = 5
+	roomStatsRealsMax  = 20000
+)
+
 // RoomStats is a reading of a key's waiting room (see Enter and Park), in
 // the Redis server's time.
 type RoomStats struct {
@@ -36,6 +44,15 @@ type RoomStats struct {
 	OldestWait time.Duration
 	// ReadAt is the server's time of the reading.
 	ReadAt time.Time
+	// TopValues are, on a fair key (WithShare), the share values with the
+	// most tokens waiting, most first (at most roomStatsTopValues).
+	TopValues []ShareWaiting
+}
+
+// ShareWaiting is how many tokens of one share value wait.
+type ShareWaiting struct {
+	Value   string `json:"value"`
+	Waiting int    `json:"waiting"`
 }
 
 // RoomStats reads how many tasks wait for key and since when, in one
@@ -44,7 +61,8 @@ func (s *Service) RoomStats(ctx context.Context, key string) (RoomStats, error) 
 	if err := checkKey(key); err != nil {
 		return RoomStats{}, err
 	}
-	rep, err := s.runNamed(ctx, roomStatsScript, s.keysFor(key), "placesmax", roomStatsStandbyMax)
+	rep, err := s.runNamed(ctx, roomStatsScript, s.keysFor(key), "placesmax", roomStatsStandbyMax,
+		"top", roomStatsTopValues, "realsmax", roomStatsRealsMax)
 	if err != nil {
 		return RoomStats{}, fmt.Errorf("semaphore: room stats of %q: %w", key, err)
 	}
@@ -56,6 +74,22 @@ func (s *Service) RoomStats(ctx context.Context, key string) (RoomStats, error) 
 	}
 	now, parked, waiting, places, live, inboth, oldest := n[0], n[1], n[2], n[3], n[4], n[5], n[6]
 	st := RoomStats{Waiting: int(parked + places + waiting - inboth), Parked: int(parked), Standby: int(live), ReadAt: time.UnixMicro(now)}
+	if fair, _ := rep.int("fair"); fair == 1 {
+		// Arrivals are virtual on a fair key: the real ones tell the wait.
+		if oldest, err = rep.int("oldestreal"); err != nil {
+			return RoomStats{}, fmt.Errorf("semaphore: room stats of %q: %w", key, err)
+		}
+		values := rep["values"]
+		list, _ := values.([]any)
+		for i := 0; i+1 < len(list); i += 2 {
+			value, _ := list[i].(string)
+			n, err := replyInt(list[i+1])
+			if err != nil {
+				return RoomStats{}, fmt.Errorf("semaphore: room stats of %q: %w", key, err)
+			}
+			st.TopValues = append(st.TopValues, ShareWaiting{Value: value, Waiting: int(n)})
+		}
+	}
 	if oldest > 0 {
 		st.OldestArrival = time.UnixMicro(oldest)
 		st.OldestWait = max(time.Duration(now-oldest)*time.Microsecond, 0)

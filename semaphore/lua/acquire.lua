@@ -17,6 +17,8 @@
 --   capacity  the key's seats (enter, reserve: 0 pauses the key)
 --   id, label, ttl   the seat asked for: permit id, holder label, lease ms
 --   seats     how many seats it takes (its weight; 1 when absent)
+--   share, shareweight   its fair-share value and that value's weight (a
+--             fair key, see room.lua), when it has one
 --   token     the asker's token (join, enter, reserve)
 --   channel   the asker's process; prefix: the channels' prefix; key: the
 --             semaphore's key, named in seat messages
@@ -56,8 +58,13 @@ local roomed = occupied()
 if mode == 'enter' or mode == 'reserve' then
   roomed = roomed or redis.call('EXISTS', KEYS[9]) == 1
 end
-local arrival = nowus
-if roomed and token ~= '' then arrival = arrivalOf(token, nowus) end
+local arrival, fresh = nowus, true
+if token ~= '' and (roomed or (a.share or '') ~= '') then arrival, fresh = arrivalOf(token, nowus, a) end
+-- keep records a new token's virtual arrival, for a fair key, once it is
+-- kept in the room.
+local function keep()
+  if fresh then noteShare(a, token, arrival, nowus) end
+end
 
 local free = math.max(capacity - liveHolders(now), 0)
 local own, woken, lost = {}, {}, {}
@@ -113,6 +120,7 @@ elseif free >= seats and not blocked and mode ~= 'reserve' then
   end
 elseif mode == 'join' then
   redis.call('ZADD', KEYS[2], arrival, token)
+  keep()
   redis.call('HSET', KEYS[3], token, slot(a))
   redis.call('ZADD', KEYS[4], now + tonumber(a.procttl), a.channel)
   for i = 2, 4 do redis.call('PEXPIRE', KEYS[i], tonumber(a.procttl) * 2) end
@@ -135,6 +143,7 @@ elseif mode == 'enter' or mode == 'reserve' then
     redis.call('ZREM', KEYS[9], token)
     redis.call('ZADD', KEYS[6], now + lease, token)
     redis.call('HSETNX', KEYS[7], token, arrival)
+    keep()
     redis.call('PEXPIRE', KEYS[6], a.keyttl)
     redis.call('PEXPIRE', KEYS[7], a.keyttl)
     if mode == 'enter' then
@@ -148,6 +157,7 @@ elseif mode == 'enter' or mode == 'reserve' then
   elseif mode == 'enter' then
     outcome = 'parked'
     park(token, arrival)
+    keep()
     redis.call('PEXPIRE', KEYS[5], a.keyttl)
   end
 end

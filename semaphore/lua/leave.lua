@@ -23,7 +23,7 @@ local waited = redis.call('ZSCORE', KEYS[2], token)
 local returned = 0
 if not waited then returned = unhold(a.member, tonumber(a.seats or '1')) end
 if a.how == 'park' then
-  park(token, arrivalOf(token, micros(t)))
+  park(token, (arrivalOf(token, micros(t))))
   redis.call('PEXPIRE', KEYS[5], a.keyttl or '180000')
 elseif waited or redis.call('EXISTS', KEYS[5], KEYS[6], KEYS[9]) > 0 then
   forget(token)

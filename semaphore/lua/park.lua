@@ -3,8 +3,8 @@
 -- may have freed since it was refused one).
 --
 -- KEYS: those of room.lua
--- ARGV, name/value pairs: token, capacity, budget, transit, keyttl, wake
---   (see acquire.lua)
+-- ARGV, name/value pairs: token, capacity, budget, transit, keyttl, wake,
+--   share, shareweight (see acquire.lua)
 --
 -- Reply, name/value pairs: woken (tokens let out).
 
@@ -12,7 +12,10 @@ local a = args()
 local now, t = clock()
 redis.call('HSET', KEYS[8], 'capacity', a.capacity, 'budget', a.budget, 'transit', a.transit, 'keyttl', a.keyttl)
 redis.call('PEXPIRE', KEYS[8], a.keyttl)
-park(a.token, arrivalOf(a.token, micros(t)))
+local nowus = micros(t)
+local arrival, fresh = arrivalOf(a.token, nowus, a)
+park(a.token, arrival)
+if fresh then noteShare(a, a.token, arrival, nowus) end
 redis.call('PEXPIRE', KEYS[5], a.keyttl)
 local woken = {}
 if a.wake == '1' then woken = admit(now, math.max(tonumber(a.capacity) - liveHolders(now), 0)) end

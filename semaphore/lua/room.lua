@@ -42,6 +42,19 @@
 --                  paused); kept at most asideFor, lapses with the room
 -- KEYS[10] fence   STRING: the last fence granted on the key (see
 --                  nextFence)
+-- KEYS[11] shares  HASH fair-share value -> the arrival given last to a
+--                  token of that value (see shareArrival)
+-- KEYS[12] reals   HASH token -> "real arrival µs\tvalue", for the tokens
+--                  of a fair key, whose arrivals are virtual
+--
+-- Fair share. A token that asks with a share value (its tenant, say) and
+-- a weight gets a virtual arrival (start-time fair queueing): the arrival
+-- at the head of the line (or now, when nobody waits), or its value's
+-- last arrival when later, plus 1000 / weight. So the values that wait
+-- take turns, a value of weight 3 three times as often as one of weight
+-- 1, first come first served within a value, and a value with nothing
+-- waiting holds nothing back; everything else orders tokens by arrival as
+-- before.
 
 -- args reads ARGV's name/value pairs.
 local function args()
@@ -127,14 +140,49 @@ local function forget(token)
   redis.call('ZREM', KEYS[5], token)
   if redis.call('ZREM', KEYS[6], token) > 0 then redis.call('HDEL', KEYS[7], token) end
   redis.call('ZREM', KEYS[9], token)
-  if not occupied() then redis.call('DEL', KEYS[8]) end
+  redis.call('HDEL', KEYS[12], token)
+  if not occupied() then redis.call('DEL', KEYS[8], KEYS[11], KEYS[12]) end
+end
+
+-- knownArrival is a token's place in line when it waits or stepped aside.
+local function knownArrival(token)
+  return redis.call('ZSCORE', KEYS[5], token) or redis.call('HGET', KEYS[7], token)
+    or redis.call('ZSCORE', KEYS[2], token) or redis.call('ZSCORE', KEYS[9], token)
+end
+
+-- shareArrival is the virtual arrival of a new token of share value
+-- a.share, of weight a.shareweight (see Fair share above).
+local function shareArrival(a, nowus)
+  local head = nil
+  for _, k in ipairs({KEYS[2], KEYS[5]}) do
+    local first = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
+    if #first > 0 and (head == nil or tonumber(first[2]) < head) then head = tonumber(first[2]) end
+  end
+  local start = head or tonumber(nowus)
+  local last = tonumber(redis.call('HGET', KEYS[11], a.share) or '0')
+  return string.format('%.3f', math.max(start, last) + 1000 / tonumber(a.shareweight or '1'))
 end
 
 -- arrivalOf is a token's place in line: its arrival when it waits or
--- stepped aside, else nowus.
-local function arrivalOf(token, nowus)
-  return redis.call('ZSCORE', KEYS[5], token) or redis.call('HGET', KEYS[7], token)
-    or redis.call('ZSCORE', KEYS[2], token) or redis.call('ZSCORE', KEYS[9], token) or nowus
+-- stepped aside; else, for a new token, nowus, or its virtual arrival when
+-- it asks with a share value (a.share; a may be nil). The second result
+-- is true for a new token.
+local function arrivalOf(token, nowus, a)
+  local known = knownArrival(token)
+  if known then return known, false end
+  if a and (a.share or '') ~= '' then return shareArrival(a, nowus), true end
+  return nowus, true
+end
+
+-- noteShare records the virtual arrival of a new token of a fair key, once
+-- it is kept in the room (it waits, stands by or is parked).
+local function noteShare(a, token, arrival, nowus)
+  if (a.share or '') == '' then return end
+  local keyttl = a.keyttl or redis.call('HGET', KEYS[8], 'keyttl') or '180000'
+  redis.call('HSET', KEYS[11], a.share, arrival)
+  redis.call('HSET', KEYS[12], token, nowus .. '\t' .. a.share)
+  redis.call('PEXPIRE', KEYS[11], keyttl)
+  redis.call('PEXPIRE', KEYS[12], keyttl)
 end
 
 -- asideFor is how long, in µs, a token that stepped aside keeps its place
@@ -144,12 +192,17 @@ local asideFor = 3600 * 1000000
 -- stepAside takes a token out of the room, giving up its standby place if
 -- it holds one, but keeps its arrival for when its task comes back.
 local function stepAside(token, nowus)
-  local arrival = redis.call('ZSCORE', KEYS[5], token) or redis.call('HGET', KEYS[7], token)
-    or redis.call('ZSCORE', KEYS[2], token) or redis.call('ZSCORE', KEYS[9], token)
+  local arrival = knownArrival(token)
   local keyttl = redis.call('HGET', KEYS[8], 'keyttl') or '180000'
+  local real = redis.call('HGET', KEYS[12], token)
   forget(token)
   if not arrival then return end
   redis.call('ZADD', KEYS[9], arrival, token)
+  if real then
+    -- A fair key's token keeps its real arrival too.
+    redis.call('HSET', KEYS[12], token, real)
+    redis.call('PEXPIRE', KEYS[12], keyttl)
+  end
   redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', '(' .. string.format('%d', tonumber(nowus) - asideFor))
   redis.call('PEXPIRE', KEYS[9], keyttl)
 end

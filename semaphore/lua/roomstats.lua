@@ -9,7 +9,11 @@
 -- waiting in a process: Acquire callers, tasks standing by), places (in
 -- use or lapsed), live (places in use, not lapsed), inboth (tokens in
 -- places that also wait in a process: tasks standing by in a slot),
--- oldest (the smallest arrival, µs; 0 when nobody waits).
+-- oldest (the smallest arrival, µs; 0 when nobody waits); and for a fair
+-- key (see room.lua), whose arrivals are virtual: fair 1, oldestreal (the
+-- earliest real arrival of a token still waiting, µs) and values (value,
+-- count pairs: the a.top values with the most tokens waiting, most first;
+-- at most a.realsmax tokens are looked at).
 
 local a = args()
 local now, t = clock()
@@ -36,4 +40,31 @@ if places > 0 then
     end
   end
 end
-return {'now', nowus, 'parked', parked, 'waiting', waiting, 'places', places, 'live', live, 'inboth', inboth, 'oldest', oldest}
+local fair, oldestreal, values = 0, 0, {}
+if redis.call('EXISTS', KEYS[12]) == 1 then
+  fair = 1
+  local counts, names = {}, {}
+  local cursor, seen = '0', 0
+  repeat
+    local page = redis.call('HSCAN', KEYS[12], cursor, 'COUNT', 200)
+    cursor = page[1]
+    for i = 1, #page[2], 2 do
+      local token, info = page[2][i], page[2][i + 1]
+      if redis.call('ZSCORE', KEYS[5], token) or redis.call('ZSCORE', KEYS[2], token) or redis.call('ZSCORE', KEYS[6], token) then
+        local real, value = string.match(info, '^([^\t]*)\t(.*)$')
+        real = tonumber(real)
+        if real and (oldestreal == 0 or real < oldestreal) then oldestreal = real end
+        if not counts[value] then names[#names + 1] = value end
+        counts[value] = (counts[value] or 0) + 1
+      end
+      seen = seen + 1
+    end
+  until cursor == '0' or seen >= tonumber(a.realsmax)
+  table.sort(names, function(x, y) return counts[x] > counts[y] or (counts[x] == counts[y] and x < y) end)
+  for i = 1, math.min(#names, tonumber(a.top)) do
+    values[#values + 1] = names[i]
+    values[#values + 1] = counts[names[i]]
+  end
+end
+return {'now', nowus, 'parked', parked, 'waiting', waiting, 'places', places, 'live', live, 'inboth', inboth, 'oldest', oldest,
+  'fair', fair, 'oldestreal', oldestreal, 'values', values}
