@@ -3,7 +3,9 @@ package monitoring
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -249,5 +251,41 @@ func TestRoomCollectorReadsOncePerInterval(t *testing.T) {
 	}
 	if _, err := NewRoomCollector(nil, list, RoomCollectorOptions{}); err == nil {
 		t.Error("NewRoomCollector without a Service: no error")
+	}
+}
+
+// TestFairValuesAndWeightedSeatsOnTheAPI: a key with fair_by lists the
+// values with the most tasks waiting, and a holder of weight 2 counts 2
+// seats in used.
+func TestFairValuesAndWeightedSeatsOnTheAPI(t *testing.T) {
+	f := newFixture(t, fixtureOptions{keys: []KeyInfo{{Key: "hooks", Capacity: 3}}})
+	ctx := context.Background()
+	if _, err := f.sem.TryAcquire(ctx, "hooks", 3, semaphore.WithWeight(2), semaphore.WithHolder("heavy"), semaphore.WithTTL(10*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	f.hold(t, "hooks", 3, 1, "light")
+	for i, value := range []string{"acme", "acme", "acme", "globex", "acme", "globex", "initech"} {
+		if err := f.sem.Park(ctx, "hooks", 3, fmt.Sprintf("default\x00t%d", i), testRoom, semaphore.WithShare(value, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	status, body := f.do(t, http.MethodGet, "/api/semaphores", "")
+	if status != http.StatusOK {
+		t.Fatalf("GET /api/semaphores: %d %s", status, body)
+	}
+	var rows []SemaphoreStatus
+	if err := json.Unmarshal([]byte(body), &rows); err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 {
+		t.Fatalf("rows %s", body)
+	}
+	r := rows[0]
+	want := []semaphore.ShareWaiting{{Value: "acme", Waiting: 4}, {Value: "globex", Waiting: 2}, {Value: "initech", Waiting: 1}}
+	if r.Used != 3 || r.Waiting != 7 || !slices.Equal(r.FairValues, want) || r.OldestWaitSeconds <= 0 {
+		t.Fatalf("row: used %d, waiting %d, fair values %v, oldest %vs; want 3, 7, %v, > 0", r.Used, r.Waiting, r.FairValues, r.OldestWaitSeconds, want)
+	}
+	if !strings.Contains(body, `"fair_values":[{"value":"acme","waiting":4}`) || !strings.Contains(body, `"seats":2`) {
+		t.Errorf("/api/semaphores lacks the fair values or a holder's seats: %s", body)
 	}
 }

@@ -44,7 +44,7 @@ type SemaphoreStatus struct {
 	Capacity           int            `json:"capacity"`
 	ConfiguredCapacity int            `json:"configured_capacity"`
 	Override           bool           `json:"override"` // Capacity comes from a runtime override
-	Used               int            `json:"used"`     // live holders; for a template, summed over its rendered keys
+	Used               int            `json:"used"`     // seats held (a holder of weight n holds n); for a template, summed over its rendered keys
 	Holders            []HolderStatus `json:"holders"`
 	// Waiting is the tasks waiting for a seat, fleet-wide, read from the
 	// key's waiting room: parked in Redis, or holding a standby place.
@@ -57,6 +57,9 @@ type SemaphoreStatus struct {
 	// waited (server clock); 0 when none waits; for a template, the
 	// longest of its rendered keys.
 	OldestWaitSeconds float64 `json:"oldest_wait_seconds"`
+	// FairValues are, on a key with fair_by, its values with the most
+	// tasks waiting, most first (not summed for a template: see Busiest).
+	FairValues []semaphore.ShareWaiting `json:"fair_values,omitempty"`
 
 	// Template rows only: the row stands for a per-payload template.
 	Template bool `json:"template,omitempty"`
@@ -72,6 +75,7 @@ type HolderStatus struct {
 	PermitID  string    `json:"permit_id"`
 	TaskID    string    `json:"task_id"` // the holder's label: the asynq task ID
 	ExpiresAt time.Time `json:"expires_at"`
+	Seats     int       `json:"seats"` // its weight: the seats it holds
 }
 
 // load is how full a row is, for ordering busiest first.
@@ -274,11 +278,12 @@ func (s *snapshotter) status(ctx context.Context, k KeyInfo) (SemaphoreStatus, e
 	capacity, over := s.capacityFor(k.Key, template, k.Capacity)
 	st := SemaphoreStatus{
 		Kind: KindSemaphore, Key: k.Key, Capacity: capacity, ConfiguredCapacity: k.Capacity, Override: over,
-		Used: len(hs), Holders: make([]HolderStatus, len(hs)),
-		Waiting: room.Waiting, Standby: room.Standby, OldestWaitSeconds: room.OldestWait.Seconds(),
+		Holders: make([]HolderStatus, len(hs)),
+		Waiting: room.Waiting, Standby: room.Standby, OldestWaitSeconds: room.OldestWait.Seconds(), FairValues: room.TopValues,
 	}
 	for i, h := range hs {
-		st.Holders[i] = HolderStatus{PermitID: h.PermitID, TaskID: h.Label, ExpiresAt: h.ExpiresAt.UTC()}
+		st.Holders[i] = HolderStatus{PermitID: h.PermitID, TaskID: h.Label, ExpiresAt: h.ExpiresAt.UTC(), Seats: h.Seats}
+		st.Used += h.Seats
 	}
 	return st, nil
 }

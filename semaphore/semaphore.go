@@ -248,6 +248,7 @@ type Holder struct {
 	PermitID  string
 	Label     string // WithHolder's label; the worker records the task ID
 	ExpiresAt time.Time
+	Seats     int // the seats it holds: its weight (WithWeight)
 }
 
 // Holders lists the live holders of key, soonest expiry first: one per
@@ -262,17 +263,22 @@ func (s *Service) Holders(ctx context.Context, key string) ([]Holder, error) {
 		return nil, fmt.Errorf("semaphore: holders of %q: %w", key, err)
 	}
 	out := make([]Holder, 0, (len(vals)-1)/2)
+	extra := map[string]int{}
 	for i := 1; i+1 < len(vals); i += 2 {
 		m, _ := vals[i].(string)
 		id, label := splitMember(m)
-		if strings.Contains(id, extraSeatMark) {
-			continue // another seat of a permit of weight > 1
+		if of, _, ok := strings.Cut(id, extraSeatMark); ok {
+			extra[of]++ // another seat of a permit of weight > 1
+			continue
 		}
 		ms, err := strconv.ParseFloat(fmt.Sprint(vals[i+1]), 64)
 		if err != nil {
 			return nil, fmt.Errorf("semaphore: holders of %q: bad expiry %v", key, vals[i+1])
 		}
-		out = append(out, Holder{PermitID: id, Label: label, ExpiresAt: time.UnixMilli(int64(ms))})
+		out = append(out, Holder{PermitID: id, Label: label, ExpiresAt: time.UnixMilli(int64(ms)), Seats: 1})
+	}
+	for i := range out {
+		out[i].Seats += extra[out[i].PermitID]
 	}
 	return out, nil
 }
