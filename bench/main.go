@@ -58,19 +58,20 @@ func (e *benchEnv) emit(fields map[string]any) error {
 }
 
 var scenarios = map[string]scenario{
-	"S1": runS1,
-	"S2": runS2,
-	"S3": runS3,
-	"S4": runS4,
-	"S5": runS5,
-	"S6": runS6,
-	"S7": runS7,
-	"S8": runS8,
-	"S9": runS9,
+	"S1":  runS1,
+	"S2":  runS2,
+	"S3":  runS3,
+	"S4":  runS4,
+	"S5":  runS5,
+	"S6":  runS6,
+	"S7":  runS7,
+	"S8":  runS8,
+	"S9":  runS9,
+	"S10": runS10,
 }
 
 // defaultScenarios are the scenarios a run without -scenarios runs.
-const defaultScenarios = "S1,S2,S3,S4,S5,S6,S7,S8,S9"
+const defaultScenarios = "S1,S2,S3,S4,S5,S6,S7,S8,S9,S10"
 
 func run(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)

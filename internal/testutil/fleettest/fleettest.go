@@ -293,6 +293,48 @@ func (c *Counters) MaxSlotsWaiting(ctx context.Context) (int, error) {
 	return c.int(ctx, "waiting:max")
 }
 
+// TenantStart is a start of a probe of a tenant.
+type TenantStart struct {
+	Tenant string
+	At     time.Time
+}
+
+// TenantStarts are the starts of the probes that named a tenant, in the
+// order they were counted.
+func (c *Counters) TenantStarts(ctx context.Context) ([]TenantStart, error) {
+	vals, err := c.rdb.LRange(ctx, c.p+"tstarts", 0, -1).Result()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]TenantStart, len(vals))
+	for i, v := range vals {
+		tenant, at, _ := strings.Cut(v, "\t")
+		us, err := strconv.ParseInt(at, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("tenant start %q: %w", v, err)
+		}
+		out[i] = TenantStart{Tenant: tenant, At: time.UnixMicro(us)}
+	}
+	return out, nil
+}
+
+// TenantLastEnds is when each tenant's last probe ended.
+func (c *Counters) TenantLastEnds(ctx context.Context) (map[string]time.Time, error) {
+	vals, err := c.rdb.HGetAll(ctx, c.p+"tlast").Result()
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]time.Time, len(vals))
+	for tenant, v := range vals {
+		ms, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("tenant last end %q: %w", v, err)
+		}
+		out[tenant] = time.UnixMilli(ms)
+	}
+	return out, nil
+}
+
 // Pickups are the times from enqueue to handler start of the probes whose
 // payload carried their enqueue time, in the order they started.
 // Starts are the start times of every probe, in the order they were

@@ -227,7 +227,8 @@ func (*slotCounter) LeaseLost(string, string)        {}
 // KEYS[1] the prefix
 // ARGV[1] Unix ms now; ARGV[2] tenant or empty; ARGV[3] pid; ARGV[4] task type
 // ARGV[5] µs since its enqueue, or empty
-// ARGV[6] Unix µs now, kept in the list of starts
+// ARGV[6] Unix µs now, kept in the list of starts (and, with a tenant,
+// in the list of the tenants' starts)
 var startScript = redis.NewScript(`
 local now = tonumber(ARGV[1])
 for _, k in ipairs({KEYS[1] .. 'first', KEYS[1] .. 'first:' .. ARGV[4]}) do
@@ -248,6 +249,7 @@ if ARGV[2] ~= '' then
 end
 if ARGV[5] ~= '' then redis.call('RPUSH', KEYS[1] .. 'pickup', ARGV[5]) end
 redis.call('RPUSH', KEYS[1] .. 'starts', ARGV[6])
+if ARGV[2] ~= '' then redis.call('RPUSH', KEYS[1] .. 'tstarts', ARGV[2] .. '\t' .. ARGV[6]) end
 return n`)
 
 // endScript counts a probe out.
@@ -270,6 +272,9 @@ if ARGV[3] == '1' then
   redis.call('INCR', KEYS[1] .. 'runs')
   redis.call('HINCRBY', KEYS[1] .. 'overhead', 'us', ARGV[6])
   redis.call('HINCRBY', KEYS[1] .. 'overhead', 'n', 1)
+  if ARGV[2] ~= '' and now > tonumber(redis.call('HGET', KEYS[1] .. 'tlast', ARGV[2]) or '0') then
+    redis.call('HSET', KEYS[1] .. 'tlast', ARGV[2], now)
+  end
 end
 return 1`)
 
