@@ -117,6 +117,19 @@ func runS10Variant(ctx context.Context, env *benchEnv, variant string) (map[stri
 			}
 		}
 		fields["heavy_share"] = round(float64(heavy)/float64(max(n, 1)), 3)
+		if os.Getenv("BENCH_S10_TRACE") != "" {
+			var b strings.Builder
+			for i := 0; i+200 <= len(starts); i += 200 {
+				h := 0
+				for _, s := range starts[i : i+200] {
+					if s.Tenant == "heavy" {
+						h++
+					}
+				}
+				fmt.Fprintf(&b, "%d:%.2f ", i, float64(h)/200)
+			}
+			fmt.Fprintln(os.Stderr, "S10 weighted: heavy share by 200 starts:", b.String(), "until", until)
+		}
 		return fields, nil
 	}
 	var lastSmallEnd time.Time

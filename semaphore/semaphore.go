@@ -19,6 +19,14 @@
 // parked in the room instead (room.go): a fleet-wide budget of standby
 // places lets a few tasks wait in a slot for the next seat, and the others
 // are let out, first come first served, as places free.
+//
+// The same line serves three more guarantees (SPEC §1.3, §2.10). A permit
+// of weight n (WithWeight) takes n seats, and a heavy waiter at the head
+// of the line stops it rather than be overtaken. On a fair key
+// (WithShare), a token's arrival is virtual: the values that wait take
+// turns, weighted, first come first served within a value; every other
+// rule of the line stays as it is. And every seat carries a fencing token
+// (Permit.Fence), above every fence granted on its key before.
 package semaphore
 
 import (

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -123,5 +124,44 @@ func TestCostFromTakesSeats(t *testing.T) {
 	t.Logf("peak %d of 4 seats; the 4-page task was overtaken by %d later tasks", log.peak, overtaken)
 	if overtaken > 8 {
 		t.Errorf("the 4-page task was overtaken by %d later tasks, want at most the fleet's 8 slots", overtaken)
+	}
+}
+
+// TestBadCostIsArchived: a task whose payload gives no cost in 1..capacity
+// (out of range, missing, not an integer) or whose fair_by it cannot
+// render is archived with a message naming the field, and never runs.
+func TestBadCostIsArchived(t *testing.T) {
+	srv := redistest.Start(t)
+	log := &costLog{runs: map[string]int{}}
+	startWorkers(t, srv, 1, `  print:
+    semaphore: {key: printer, capacity: 4, cost_from: pages, fair_by: "{team}"}
+`, "print", log.handler(1))
+	conn := asynq.RedisClientOpt{Addr: srv.Addr()}
+	client, insp := asynq.NewClient(conn), asynq.NewInspector(conn)
+	t.Cleanup(func() { _ = client.Close(); _ = insp.Close() })
+	want := map[string]string{
+		`{"name":"big","pages":9,"team":"a"}`:    `payload field "pages" is 9, want an integer in 1..4`,
+		`{"name":"none","team":"a"}`:             `payload field "pages" is missing`,
+		`{"name":"text","pages":"2","team":"a"}`: `payload field "pages" is a string`,
+		`{"name":"noteam","pages":2}`:            `payload field "team" is missing`,
+	}
+	for payload := range want {
+		if _, err := client.Enqueue(asynq.NewTask("print", []byte(payload)), asynq.MaxRetry(5)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var archived []*asynq.TaskInfo
+	waitfor.Condition(t, 30*time.Second, "every bad task archived", func() bool {
+		var err error
+		archived, err = insp.ListArchivedTasks("default")
+		return err == nil && len(archived) == len(want)
+	})
+	for _, info := range archived {
+		if msg := want[string(info.Payload)]; !strings.Contains(info.LastErr, msg) {
+			t.Errorf("%s archived with %q, want it to say %q", info.Payload, info.LastErr, msg)
+		}
+	}
+	if n := log.count(); n != 0 {
+		t.Errorf("%d bad tasks ran", n)
 	}
 }

@@ -83,17 +83,15 @@ local function liveHolders(now)
 end
 
 -- nextFence is the fence of a seat granted now: above every fence granted
--- on the key before. The last one is kept for as long as a lease lasts;
--- when the key idled out, the server's clock (µs) is the floor, and it is
--- past every fence granted before (fences run ahead of the clock only by
--- grants beyond one a µs).
+-- on the key before. The last one is kept for twice the lease granted with
+-- it; once it lapsed (the key idled out), the server's clock (µs) is the
+-- floor, and it is past every fence granted before (fences run ahead of
+-- the clock only by grants beyond one a µs).
 local function nextFence(t, ttl)
   local last = tonumber(redis.call('GET', KEYS[10]) or '0')
   local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local fence = math.max(last + 1, floor)
-  local text = string.format('%.0f', fence)
-  local keep = math.max(ttl * 2, redis.call('PTTL', KEYS[10]))
-  redis.call('SET', KEYS[10], text, 'PX', keep)
+  local text = string.format('%.0f', math.max(last + 1, floor))
+  redis.call('SET', KEYS[10], text, 'PX', ttl * 2)
   return text
 end
 
@@ -118,12 +116,13 @@ end
 -- unhold takes member's seats seats back; it returns 1 when member held
 -- one.
 local function unhold(member, seats)
-  local rem = {'ZREM', KEYS[1], member}
-  for i = 2, seats do rem[#rem + 1] = extraSeat(member, i) end
-  local main = redis.call('ZSCORE', KEYS[1], member)
-  redis.call(unpack(rem))
-  if main then return 1 end
-  return 0
+  local main = redis.call('ZREM', KEYS[1], member)
+  if seats > 1 then
+    local rem = {'ZREM', KEYS[1]}
+    for i = 2, seats do rem[#rem + 1] = extraSeat(member, i) end
+    redis.call(unpack(rem))
+  end
+  return main
 end
 
 -- occupied reports whether any token waits for the key. Scripts ask it
