@@ -369,8 +369,8 @@ func TestAPISemaphores(t *testing.T) {
 	taskIDs := map[string]bool{}
 	for _, h := range holders {
 		h := h.(map[string]any)
-		if len(h) != 3 {
-			t.Errorf("holder fields = %v, want permit_id, task_id, expires_at", h)
+		if len(h) != 4 || h["seats"] != 1.0 {
+			t.Errorf("holder fields = %v, want permit_id, task_id, expires_at and seats 1", h)
 		}
 		taskIDs[h["task_id"].(string)] = true
 		if h["permit_id"].(string) == "" {

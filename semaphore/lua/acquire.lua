@@ -87,11 +87,12 @@ if mode == 'recheck' then
   for i = 1, tonumber(a.mine or '0') do
     local tok, m = a['t' .. i], a['m' .. i]
     if not redis.call('ZSCORE', KEYS[2], tok) then
-      if redis.call('ZSCORE', KEYS[1], m) then
+      local expiry = redis.call('ZSCORE', KEYS[1], m)
+      if expiry then
         -- Its seat's fence went in the message it missed: a new one.
         own[#own + 1] = tok
         own[#own + 1] = m
-        own[#own + 1] = nextFence(t, math.max(redis.call('PTTL', KEYS[1]), 1000))
+        own[#own + 1] = nextFence(t, math.max(tonumber(expiry) - now, 1))
       elseif fresh then
         lost[#lost + 1] = tok
       end

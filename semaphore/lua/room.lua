@@ -83,15 +83,15 @@ local function liveHolders(now)
 end
 
 -- nextFence is the fence of a seat granted now: above every fence granted
--- on the key before. The last one is kept for twice the lease granted with
--- it; once it lapsed (the key idled out), the server's clock (µs) is the
--- floor, and it is past every fence granted before (fences run ahead of
--- the clock only by grants beyond one a µs).
+-- on the key before. The last one is kept as long as the lease granted
+-- with it, so that the key idles out with its seats; once it lapsed, the
+-- server's clock (µs) is the floor, and it is past every fence granted
+-- before (fences run ahead of the clock only by grants beyond one a µs).
 local function nextFence(t, ttl)
   local last = tonumber(redis.call('GET', KEYS[10]) or '0')
   local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local text = string.format('%.0f', math.max(last + 1, floor))
-  redis.call('SET', KEYS[10], text, 'PX', ttl * 2)
+  redis.call('SET', KEYS[10], text, 'PX', ttl)
   return text
 end
 
