@@ -23,6 +23,7 @@ import (
 type roomTotals struct {
 	waiting, standby int
 	oldest           time.Duration
+	values           []semaphore.ShareWaiting // a plain fair key's values with the most waiting
 }
 
 func (r *roomTotals) add(st semaphore.RoomStats) {
@@ -79,7 +80,9 @@ type RoomCollectorOptions struct {
 // fleetcap_semaphore_oldest_wait_seconds{key} and
 // fleetcap_semaphore_standby{key}, labelled as the page's rows are (a
 // rendered key by its template, which sums its rendered keys the worker
-// lists), and fleetcap_semaphore_rooms_up (0 when the last reading of a
+// lists), fleetcap_semaphore_fair_value_waiting{key,value} for the values
+// with the most tasks waiting of a plain key with fair_by (at most 5 a
+// key), and fleetcap_semaphore_rooms_up (0 when the last reading of a
 // key failed). The values are fleet-wide, the same in every worker that
 // lists the key: take max across instances, not sum. Create it with
 // NewRoomCollector.
@@ -108,6 +111,9 @@ var (
 	roomStandbyDesc = prometheus.NewDesc("fleetcap_semaphore_standby",
 		"Standby places of the key in use, fleet-wide: tasks waiting in a worker slot for the next seat, or let out of the waiting room and on their way to one.",
 		[]string{"key"}, nil)
+	roomFairValueDesc = prometheus.NewDesc("fleetcap_semaphore_fair_value_waiting",
+		"Tasks waiting for a seat of a plain key with fair_by, for each of its fair_by values with the most waiting (at most 5 a key), fleet-wide, read from its waiting room in Redis.",
+		[]string{"key", "value"}, nil)
 	roomsUpDesc = prometheus.NewDesc("fleetcap_semaphore_rooms_up",
 		"1 when the last reading of every listed key's waiting room from Redis succeeded, else 0.",
 		nil, nil)
@@ -129,7 +135,7 @@ func NewRoomCollector(sem *semaphore.Service, keys func(context.Context) ([]KeyI
 
 // Describe implements prometheus.Collector. It does not touch Redis.
 func (c *RoomCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{roomWaitingDesc, roomOldestDesc, roomStandbyDesc, roomsUpDesc} {
+	for _, d := range []*prometheus.Desc{roomWaitingDesc, roomOldestDesc, roomStandbyDesc, roomFairValueDesc, roomsUpDesc} {
 		ch <- d
 	}
 }
@@ -146,6 +152,9 @@ func (c *RoomCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(roomWaitingDesc, prometheus.GaugeValue, float64(r.waiting), r.key)
 		ch <- prometheus.MustNewConstMetric(roomOldestDesc, prometheus.GaugeValue, r.oldest.Seconds(), r.key)
 		ch <- prometheus.MustNewConstMetric(roomStandbyDesc, prometheus.GaugeValue, float64(r.standby), r.key)
+		for _, v := range r.values {
+			ch <- prometheus.MustNewConstMetric(roomFairValueDesc, prometheus.GaugeValue, float64(v.Waiting), r.key, v.Value)
+		}
 	}
 }
 
@@ -190,6 +199,9 @@ func (c *RoomCollector) readRooms(ctx context.Context) ([]roomRow, error) {
 			totals[row] = &roomTotals{}
 		}
 		totals[row].add(got[i].st)
+		if k.Template == "" {
+			totals[row].values = got[i].st.TopValues
+		}
 	}
 	rows := make([]roomRow, 0, len(totals))
 	for key, t := range totals {

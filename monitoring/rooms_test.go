@@ -255,8 +255,8 @@ func TestRoomCollectorReadsOncePerInterval(t *testing.T) {
 }
 
 // TestFairValuesAndWeightedSeatsOnTheAPI: a key with fair_by lists the
-// values with the most tasks waiting, and a holder of weight 2 counts 2
-// seats in used.
+// values with the most tasks waiting, on /api/semaphores and /metrics, and
+// a holder of weight 2 counts 2 seats in used.
 func TestFairValuesAndWeightedSeatsOnTheAPI(t *testing.T) {
 	f := newFixture(t, fixtureOptions{keys: []KeyInfo{{Key: "hooks", Capacity: 3}}})
 	ctx := context.Background()
@@ -287,5 +287,11 @@ func TestFairValuesAndWeightedSeatsOnTheAPI(t *testing.T) {
 	}
 	if !strings.Contains(body, `"fair_values":[{"value":"acme","waiting":4}`) || !strings.Contains(body, `"seats":2`) {
 		t.Errorf("/api/semaphores lacks the fair values or a holder's seats: %s", body)
+	}
+	mfs := scrape(t, f.http.URL+"/metrics")
+	for value, want := range map[string]float64{"acme": 4, "globex": 2, "initech": 1} {
+		if got := mustSample(t, mfs, "fleetcap_semaphore_fair_value_waiting", "key", "hooks", "value", value); got != want {
+			t.Errorf("fleetcap_semaphore_fair_value_waiting{key=hooks,value=%s} = %v, want %v", value, got, want)
+		}
 	}
 }
