@@ -157,3 +157,51 @@ func ExampleWithWeight() {
 	// Output:
 	// seats used: 3 a second heavy job gets one: false
 }
+
+// Tenant acme's backlog does not hold up globex: when the key is full,
+// the tenants that wait take turns at the seats that free (globex, of
+// weight 2, twice as often as acme), first come first served within a
+// tenant.
+func ExampleWithShare() {
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr})
+	defer rdb.Close()
+	sem, err := semaphore.New(rdb, semaphore.Options{})
+	if err != nil {
+		panic(err)
+	}
+	defer sem.Close()
+	ctx := context.Background()
+
+	held, err := sem.Acquire(ctx, "exports", 1)
+	if err != nil {
+		panic(err)
+	}
+	served := make(chan string, 4)
+	for i, w := range []struct {
+		tenant string
+		weight int
+	}{{"acme", 1}, {"acme", 1}, {"acme", 1}, {"globex", 2}} {
+		go func() {
+			p, err := sem.Acquire(ctx, "exports", 1, semaphore.WithShare(w.tenant, w.weight))
+			if err != nil {
+				served <- err.Error()
+				return
+			}
+			served <- w.tenant
+			_ = p.Release(ctx)
+		}()
+		// Each joins the line after the one before it.
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+			if st, _ := sem.RoomStats(ctx, "exports"); st.Waiting == i+1 || time.Now().After(deadline) {
+				break
+			}
+		}
+	}
+	_ = held.Release(ctx)
+	for range 4 {
+		fmt.Print(<-served, " ")
+	}
+	fmt.Println()
+	// Output:
+	// acme globex acme acme
+}
