@@ -1,11 +1,8 @@
 package worker_test
 
 import (
-	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,46 +12,6 @@ import (
 	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
 	"github.com/fleetcap/fleetcap/worker"
 )
-
-// costLog records, across the workers of a test, the seats in use by the
-// costs of the running tasks, the most seen, the order tasks started in
-// and how often each ran.
-type costLog struct {
-	mu       sync.Mutex
-	inflight int
-	peak     int
-	started  []string
-	runs     map[string]int
-}
-
-func (c *costLog) handler(ms int) asynq.HandlerFunc {
-	return func(ctx context.Context, t *asynq.Task) error {
-		var p struct {
-			Name  string `json:"name"`
-			Pages int    `json:"pages"`
-		}
-		if err := json.Unmarshal(t.Payload(), &p); err != nil {
-			return err
-		}
-		c.mu.Lock()
-		c.inflight += p.Pages
-		c.peak = max(c.peak, c.inflight)
-		c.started = append(c.started, p.Name)
-		c.runs[p.Name]++
-		c.mu.Unlock()
-		time.Sleep(time.Duration(ms) * time.Millisecond)
-		c.mu.Lock()
-		c.inflight -= p.Pages
-		c.mu.Unlock()
-		return nil
-	}
-}
-
-func (c *costLog) count() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.started)
-}
 
 // startWorkers runs n workers of one fleet on srv with tasksYAML, each of
 // concurrency 4, serving typ with h, until the test ends.
@@ -80,10 +37,10 @@ func startWorkers(t *testing.T, srv *redistest.Server, n int, tasksYAML, typ str
 // fleet's slots, and every task runs once.
 func TestCostFromTakesSeats(t *testing.T) {
 	srv := redistest.Start(t)
-	log := &costLog{runs: map[string]int{}}
+	log := newSeatLog()
 	startWorkers(t, srv, 2, `  print:
     semaphore: {key: printer, capacity: 4, cost_from: pages, standby: 2}
-`, "print", log.handler(15))
+`, "print", log.handler(15*time.Millisecond))
 	client := asynq.NewClient(asynq.RedisClientOpt{Addr: srv.Addr()})
 	t.Cleanup(func() { _ = client.Close() })
 	const tasks, heavyAt = 40, 4
@@ -98,19 +55,9 @@ func TestCostFromTakesSeats(t *testing.T) {
 		}
 	}
 	waitfor.Condition(t, 60*time.Second, "every task done", func() bool { return log.count() >= tasks })
+	log.check(t, 4, tasks)
 	log.mu.Lock()
 	defer log.mu.Unlock()
-	if log.peak > 4 {
-		t.Errorf("running tasks held %d seats at once, want at most 4", log.peak)
-	}
-	for name, n := range log.runs {
-		if n != 1 {
-			t.Errorf("%s ran %d times", name, n)
-		}
-	}
-	if len(log.runs) != tasks {
-		t.Errorf("%d tasks ran, want %d", len(log.runs), tasks)
-	}
 	overtaken := 0
 	for _, name := range log.started {
 		if name == fmt.Sprintf("t%d", heavyAt) {
@@ -132,10 +79,10 @@ func TestCostFromTakesSeats(t *testing.T) {
 // render is archived with a message naming the field, and never runs.
 func TestBadCostIsArchived(t *testing.T) {
 	srv := redistest.Start(t)
-	log := &costLog{runs: map[string]int{}}
+	log := newSeatLog()
 	startWorkers(t, srv, 1, `  print:
     semaphore: {key: printer, capacity: 4, cost_from: pages, fair_by: "{team}"}
-`, "print", log.handler(1))
+`, "print", log.handler(time.Millisecond))
 	conn := asynq.RedisClientOpt{Addr: srv.Addr()}
 	client, insp := asynq.NewClient(conn), asynq.NewInspector(conn)
 	t.Cleanup(func() { _ = client.Close(); _ = insp.Close() })

@@ -2,9 +2,7 @@ package worker_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,75 +14,9 @@ import (
 	"github.com/fleetcap/fleetcap/worker"
 )
 
-// tenantLog records the tenants of the tasks in the order they started,
-// the most running at once, and how often each task ran.
-type tenantLog struct {
-	mu       sync.Mutex
-	inflight int
-	peak     int
-	started  []string
-	runs     map[string]int
-	doneAt   map[string]time.Time // the last end of each tenant's tasks
-	done     map[string]int       // tasks done by tenant
-}
-
-func newTenantLog() *tenantLog {
-	return &tenantLog{runs: map[string]int{}, doneAt: map[string]time.Time{}, done: map[string]int{}}
-}
-
-func (l *tenantLog) handler(d time.Duration) asynq.HandlerFunc {
-	return func(ctx context.Context, t *asynq.Task) error {
-		var p struct {
-			Tenant string `json:"tenant"`
-			N      int    `json:"n"`
-		}
-		if err := json.Unmarshal(t.Payload(), &p); err != nil {
-			return err
-		}
-		l.mu.Lock()
-		l.inflight++
-		l.peak = max(l.peak, l.inflight)
-		l.started = append(l.started, p.Tenant)
-		l.runs[fmt.Sprintf("%s/%d", p.Tenant, p.N)]++
-		l.mu.Unlock()
-		time.Sleep(d)
-		l.mu.Lock()
-		l.inflight--
-		l.doneAt[p.Tenant] = time.Now()
-		l.done[p.Tenant]++
-		l.mu.Unlock()
-		return nil
-	}
-}
-
-func (l *tenantLog) count() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.started)
-}
-
-// check fails the test when the cap was exceeded or a task ran twice or
-// not at all.
-func (l *tenantLog) check(t *testing.T, capacity, tasks int) {
-	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.peak > capacity {
-		t.Errorf("%d tasks ran at once, want at most %d", l.peak, capacity)
-	}
-	for name, n := range l.runs {
-		if n != 1 {
-			t.Errorf("%s ran %d times", name, n)
-		}
-	}
-	if len(l.runs) != tasks {
-		t.Errorf("%d tasks ran, want %d", len(l.runs), tasks)
-	}
-}
-
 // fairFleet starts 3 workers of a fleet whose fair tasks share a cap of 4
 // with fair_by tenant (and weights, if any), and returns a producer.
-func fairFleet(t *testing.T, log *tenantLog, weights string) *producer.Producer {
+func fairFleet(t *testing.T, log *seatLog, weights string) *producer.Producer {
 	t.Helper()
 	srv := redistest.Start(t)
 	tasksYAML := fmt.Sprintf("  fair:\n    semaphore: {key: shared, capacity: 4, fair_by: \"{tenant}\"%s}\n", weights)
@@ -117,12 +49,12 @@ func enqueueTenant(t *testing.T, p *producer.Producer, tenant string, n int) {
 // tenants that wait take turns), not its whole backlog first. The cap
 // holds, and every task runs once.
 func TestFairShareOnAFleet(t *testing.T) {
-	log := newTenantLog()
+	log := newSeatLog()
 	p := fairFleet(t, log, "")
 	enqueueTenant(t, p, "big", 300)
 	waitfor.Condition(t, 30*time.Second, "the big tenant's first tasks run", func() bool { return log.count() >= 8 })
 	log.mu.Lock()
-	before := len(log.started)
+	before := len(log.tenants)
 	log.mu.Unlock()
 	start := time.Now()
 	for i := range 10 {
@@ -142,7 +74,7 @@ func TestFairShareOnAFleet(t *testing.T) {
 	log.mu.Lock()
 	var last time.Time
 	bigDuring, seenSmall := 0, 0
-	for _, tenant := range log.started[before:] {
+	for _, tenant := range log.tenants[before:] {
 		if seenSmall == 80 {
 			break
 		}
@@ -173,7 +105,7 @@ func TestFairShareOnAFleet(t *testing.T) {
 // TestFairShareWeights: two backlogged tenants of weights 3 and 1 start
 // tasks 3 to 1 while both wait.
 func TestFairShareWeights(t *testing.T) {
-	log := newTenantLog()
+	log := newSeatLog()
 	p := fairFleet(t, log, `, weights: {"heavy": 3}`)
 	for i := range 80 {
 		for _, tenant := range []string{"heavy", "light"} {
@@ -187,7 +119,7 @@ func TestFairShareWeights(t *testing.T) {
 	heavy := 0
 	// The first starts took seats before the backlog built up: count
 	// from the 9th.
-	for _, tenant := range log.started[8:80] {
+	for _, tenant := range log.tenants[8:80] {
 		if tenant == "heavy" {
 			heavy++
 		}
