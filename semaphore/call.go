@@ -149,7 +149,10 @@ func (s *Service) passOn(key string, r reply, now time.Time) {
 	for i := 0; i+2 < len(granted); i += 3 {
 		fence, err := strconv.ParseUint(granted[i+2], 10, 64)
 		if err != nil {
-			s.log.Warn("semaphore: a grant's fence this build cannot read", "key", key, "fence", granted[i+2])
+			// Never hand out a seat with a wrong fence: the waiter's next
+			// recheck finds the seat held and asks for a fence again.
+			s.log.Error("semaphore: a grant's fence this build cannot read; the waiter rechecks for it", "key", key, "fence", granted[i+2], "err", err)
+			continue
 		}
 		if s.deliver(key, granted[i], seatMsg{member: granted[i+1], fence: fence, now: now}) {
 			s.localHandOvers.Add(1)

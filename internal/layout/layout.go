@@ -37,8 +37,11 @@
 //   - 4: every seat carries a fencing token: a key's last one is kept in
 //     <semaphore.prefix>{<key>}:fence, and the message that sends a
 //     waiting process its seat names the fence after the member (a
-//     layout-3 process would not read it). Layout 3's keys keep their
-//     names and contents.
+//     layout-3 process would not read it); a seat of weight n holds n
+//     members of {<key>}:holders, and the slots entries name the weight;
+//     a fair key keeps its values' last arrivals in {<key>}:shares and
+//     its tokens' real arrivals in {<key>}:reals. Layout 3's other keys
+//     keep their names and contents.
 //
 // The record is one Redis hash, fleetcap:layout (Key), without a TTL. Its
 // field "version" is the layout the fleet's data is in; a field
