@@ -126,14 +126,7 @@ func TestWaitingRoomsOnMetricsAndAPI(t *testing.T) {
 		}
 	}
 
-	status, body := f.do(t, http.MethodGet, "/api/semaphores", "")
-	if status != http.StatusOK {
-		t.Fatalf("GET /api/semaphores: %d %s", status, body)
-	}
-	var rows []SemaphoreStatus
-	if err := json.Unmarshal([]byte(body), &rows); err != nil {
-		t.Fatal(err)
-	}
+	rows, body := semaphoreRows(t, f)
 	byKey := map[string]SemaphoreStatus{}
 	for _, r := range rows {
 		byKey[r.Key] = r
@@ -260,8 +253,8 @@ func TestRoomCollectorReadsOncePerInterval(t *testing.T) {
 func TestFairValuesAndWeightedSeatsOnTheAPI(t *testing.T) {
 	f := newFixture(t, fixtureOptions{keys: []KeyInfo{{Key: "hooks", Capacity: 3}}})
 	ctx := context.Background()
-	if _, err := f.sem.TryAcquire(ctx, "hooks", 3, semaphore.WithWeight(2), semaphore.WithHolder("heavy"), semaphore.WithTTL(10*time.Minute)); err != nil {
-		t.Fatal(err)
+	if p, err := f.sem.TryAcquire(ctx, "hooks", 3, semaphore.WithWeight(2), semaphore.WithHolder("heavy"), semaphore.WithTTL(10*time.Minute)); p == nil || err != nil {
+		t.Fatalf("a seat of weight 2: (%v, %v)", p, err)
 	}
 	f.hold(t, "hooks", 3, 1, "light")
 	for i, value := range []string{"acme", "acme", "acme", "globex", "acme", "globex", "initech"} {
@@ -269,14 +262,7 @@ func TestFairValuesAndWeightedSeatsOnTheAPI(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	status, body := f.do(t, http.MethodGet, "/api/semaphores", "")
-	if status != http.StatusOK {
-		t.Fatalf("GET /api/semaphores: %d %s", status, body)
-	}
-	var rows []SemaphoreStatus
-	if err := json.Unmarshal([]byte(body), &rows); err != nil {
-		t.Fatal(err)
-	}
+	rows, body := semaphoreRows(t, f)
 	if len(rows) != 1 {
 		t.Fatalf("rows %s", body)
 	}
@@ -294,4 +280,19 @@ func TestFairValuesAndWeightedSeatsOnTheAPI(t *testing.T) {
 			t.Errorf("fleetcap_semaphore_fair_value_waiting{key=hooks,value=%s} = %v, want %v", value, got, want)
 		}
 	}
+}
+
+// semaphoreRows reads GET /api/semaphores: its rows, and its body for
+// messages.
+func semaphoreRows(t *testing.T, f *fixture) ([]SemaphoreStatus, string) {
+	t.Helper()
+	status, body := f.do(t, http.MethodGet, "/api/semaphores", "")
+	if status != http.StatusOK {
+		t.Fatalf("GET /api/semaphores: %d %s", status, body)
+	}
+	var rows []SemaphoreStatus
+	if err := json.Unmarshal([]byte(body), &rows); err != nil {
+		t.Fatal(err)
+	}
+	return rows, body
 }
