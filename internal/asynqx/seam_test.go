@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetcap/fleetcap/internal/asynqx"
+	"github.com/fleetcap/fleetcap/internal/rediskey"
 	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
 	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
 )
@@ -534,5 +535,70 @@ func TestMissing(t *testing.T) {
 	slices.Sort(want)
 	if !slices.Equal(gone, want) {
 		t.Fatalf("Missing = %v, want the completed, archived and deleted tasks %v", gone, want)
+	}
+}
+
+// TestBacklogRingsForHelp: a worker that keeps finding a task each time it
+// asks, a backlog growing behind it, rings the doorbell for an idle worker
+// again and again (at most one ring waits there), and not only after the
+// wait that started its run: its slots may free one at a time, each taken
+// at once, so that it never waits, and never hands its duty on. The test
+// stands in for the idle worker: it takes each ring off the doorbell.
+func TestBacklogRingsForHelp(t *testing.T) {
+	s := newSeam(t)
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: s.srv.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	c := asynqx.NewServerClient(rdb, "test:", []string{"q"}, time.Minute, slog.Default())
+	t.Cleanup(c.Stop)
+	k := asynqx.QueueKeys("q")
+	bell := rediskey.Idle("test:", "q") + "bell"
+	// A stand-in for asynq's dequeue script: same keys, so that the
+	// ServerClient treats it as one.
+	dequeue := func() error {
+		return c.Eval(ctx, `return redis.call('RPOP', KEYS[1])`, []string{k.Pending, k.Paused, k.Active, k.Lease}).Err()
+	}
+	push := func(n int) {
+		for range n {
+			if err := s.rdb.LPush(ctx, k.Pending, "task").Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := dequeue(); !errors.Is(err, redis.Nil) {
+		t.Fatalf("first dequeue of an empty queue: %v, want redis.Nil", err)
+	}
+	first := make(chan error, 1)
+	go func() { first <- dequeue() }() // waits on duty
+	waitfor.Condition(t, 10*time.Second, "the worker watches the queue", func() bool {
+		clients, err := s.rdb.ClientList(ctx).Result()
+		return err == nil && strings.Contains(clients, "cmd=blmove")
+	})
+	push(1)
+	if err := <-first; err != nil {
+		t.Fatalf("the dequeue woken by a push: %v", err)
+	}
+	rings := 0
+	deadline := time.Now().Add(10 * time.Second)
+	for rings < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("a backlog of %d tasks grew behind a worker that never waited, and it rang for help %d times, want 3",
+				s.rdb.LLen(ctx, k.Pending).Val(), rings)
+		}
+		push(2)
+		if err := dequeue(); err != nil {
+			t.Fatalf("dequeue with a backlog: %v", err)
+		}
+		n, err := s.rdb.LPop(ctx, bell).Result()
+		switch {
+		case errors.Is(err, redis.Nil):
+			continue
+		case err != nil:
+			t.Fatal(err)
+		}
+		rings++
+		if left := s.rdb.LLen(ctx, bell).Val(); left != 0 || n != "1" {
+			t.Fatalf("the doorbell held %q and %d rings more, want one ring at most", n, left)
+		}
 	}
 }

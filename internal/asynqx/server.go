@@ -45,8 +45,8 @@ type ServerClient struct {
 	empty   map[string]bool // queues found empty since a task was last taken
 	waiting bool            // a dequeue waits for work
 	onDuty  map[string]bool // queues whose duty this worker holds
-	woke    bool            // the last wait ended with work (see noteDequeue)
-	recruit bool            // the next task taken means a backlog: ring (see noteDequeue)
+	took    bool            // the last dequeue found a task (see noteDequeue)
+	rang    time.Time       // when this worker last rang for a backlog
 	// saturation hands the duty on unless the worker asks for another task
 	// first (see stillFree)
 	saturation *time.Timer
@@ -154,9 +154,13 @@ func queueOf(key, suffix string) (string, bool) {
 // with a task keeps the duty while it has slots to spare (it asks for the
 // next task at once); one that does not ask again within saturated, its
 // slots full, hands the duty on and rings the doorbell once: the worker it
-// wakes takes the duty, and a task of its own if more came. A woken worker
-// whose next ask finds a task too (a backlog) rings once more, so that a
-// burst recruits idle workers one after another. So a push costs the same
+// wakes takes the duty, and a task of its own if more came. A worker whose
+// ask finds a task right after one that found a task too (a backlog) rings
+// once more, and again at most every saturated for as long as it keeps
+// finding tasks: so a burst recruits idle workers one after another, and
+// so does a backlog that grows behind a worker that never waits (its slots
+// free one at a time, each taken at once, while the others sit idle). The
+// doorbell keeps at most one ring nobody waited for. So a push costs the same
 // few commands whatever the size of the fleet, and no idle worker polls.
 
 // waitForWork holds a dequeue while every queue was found empty, until a
@@ -184,43 +188,38 @@ func (c *ServerClient) waitForWork() {
 	c.mu.Unlock()
 	t := time.NewTimer(c.maxIdle)
 	defer t.Stop()
-	woke := false
 	select {
 	case <-c.work:
-		woke = true
 	case <-t.C:
 	case <-c.stop:
 	}
 	c.mu.Lock()
-	c.waiting, c.woke = false, woke
+	c.waiting = false
 	c.mu.Unlock()
 }
 
-// noteDequeue records what a dequeue of q found. After the first task
-// taken by a wait that was woken, the worker hands the duty on unless it
-// asks for another task within saturated (see stillFree).
+// noteDequeue records what a dequeue of q found. After a task taken on
+// duty, the worker hands the duty on unless it asks for another task
+// within saturated (see stillFree); a task taken right after another is a
+// backlog, and rings for another worker (see "Waiting for work").
 func (c *ServerClient) noteDequeue(q string, cmd *redis.Cmd) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch err := cmd.Err(); {
 	case errors.Is(err, redis.Nil):
 		c.empty[q] = true
-		c.recruit = false
+		c.took = false
 	case err == nil:
 		clear(c.empty)
 		if c.onDuty[q] {
 			// On duty: it keeps the duty only while it asks for more.
 			c.saturation = time.AfterFunc(saturated, func() { c.passOn(q) })
 		}
-		switch {
-		case c.woke:
-			c.woke, c.recruit = false, true
-		case c.recruit:
-			// The ask after the one the wake answered found a task too:
-			// a backlog. Wake another idle worker to share it.
-			c.recruit = false
+		if now := time.Now(); c.took && now.Sub(c.rang) >= saturated {
+			c.rang = now
 			go c.ring(q)
 		}
+		c.took = true
 	}
 }
 

@@ -8,6 +8,7 @@
 --         'pass': give the duty up if held, and ring the doorbell once,
 --         the ring lasting ARGV[3] ms. Reply 1.
 --         'ring': ring the doorbell once, keeping the duty. Reply 1.
+--         A ring is not added to one that nobody took yet.
 -- ARGV[2] the worker's id
 
 local holder = redis.call('GET', KEYS[1])
@@ -17,6 +18,9 @@ if ARGV[1] == 'take' then
   return 1
 end
 if ARGV[1] == 'pass' and holder == ARGV[2] then redis.call('DEL', KEYS[1]) end
-redis.call('LPUSH', KEYS[2], '1')
-redis.call('PEXPIRE', KEYS[2], ARGV[3])
+-- One ring that nobody waited for is enough for the next worker to come.
+if redis.call('LLEN', KEYS[2]) == 0 then
+  redis.call('LPUSH', KEYS[2], '1')
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+end
 return 1
