@@ -11,6 +11,7 @@ package ratelimit
 
 import (
 	"context"
+	"crypto/rand"
 	_ "embed"
 	"errors"
 	"fmt"
@@ -112,12 +113,15 @@ type Observer interface {
 }
 
 // Limiter takes tokens from fleet-wide rate limits. It is safe for
-// concurrent use and holds no state besides its Redis client.
+// concurrent use and holds no state besides its Redis client and its name
+// in the rooms' duty leases (see NextDue).
 type Limiter struct {
 	rdb    redis.UniversalClient
 	gcra   *redis_rate.Limiter
 	prefix string
 	obs    Observer
+	id     string // this Limiter's name in the rooms' duty leases
+	duties duties
 }
 
 // New returns a limiter on rdb (a client, a Cluster client or a failover
@@ -132,7 +136,7 @@ func New(rdb redis.UniversalClient, opts Options) (*Limiter, error) {
 	if err := rediskey.CheckPrefix(opts.Prefix); err != nil {
 		return nil, fmt.Errorf("ratelimit: New: Prefix %w", err)
 	}
-	return &Limiter{rdb: rdb, gcra: redis_rate.NewLimiter(rdb), prefix: opts.Prefix, obs: opts.Observer}, nil
+	return &Limiter{rdb: rdb, gcra: redis_rate.NewLimiter(rdb), prefix: opts.Prefix, obs: opts.Observer, id: rand.Text()}, nil
 }
 
 // Take takes cost tokens of key now, or takes none and says in RetryAfter

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -15,7 +16,11 @@ import (
 // found no tokens, and asks NextDue, when the first is due, which task to
 // bring back: one token a time, in arrival order, fleet-wide (however many
 // processes ask, NextDue hands out at most one token per interval the
-// limit earns cost tokens in).
+// limit earns cost tokens in). Of the processes that ask, one at a time
+// holds the duty of a room (a lease of DutyLease, renewed as it asks, and
+// given up once the room is empty): only it looks at the tokens; the
+// others are told to ask again after DutyLease, and one of them takes the
+// duty over once the holder stops asking (it stopped, or died).
 
 //go:embed room.lua
 var roomSrc string
@@ -28,8 +33,8 @@ func (l *Limiter) Park(ctx context.Context, key, token string, ttl time.Duration
 	if key == "" || token == "" || ttl < time.Millisecond {
 		return fmt.Errorf("ratelimit: Park wants a key, a token and a ttl of at least 1ms, got %q, %q, %s", key, token, ttl)
 	}
-	room, next := l.roomKeys(key)
-	if err := roomScript.Run(ctx, l.rdb, []string{room, next}, "park", token, ttl.Milliseconds()).Err(); err != nil {
+	room, next, duty := l.roomKeys(key)
+	if err := roomScript.Run(ctx, l.rdb, []string{room, next, duty}, "park", token, ttl.Milliseconds()).Err(); err != nil {
 		return fmt.Errorf("ratelimit: park on %q: %w", key, err)
 	}
 	return nil
@@ -42,22 +47,29 @@ var ErrRoomEmpty = errors.New("ratelimit: nobody waits")
 // limit are due, or says how long until it may: then token is "". It
 // returns ErrRoomEmpty when no token waits.
 func (l *Limiter) NextDue(ctx context.Context, key string, limit Limit, cost int) (token string, wait time.Duration, err error) {
-	room, next := l.roomKeys(key)
+	room, next, duty := l.roomKeys(key)
+	// The duty is asked for first, unless this Limiter took it lately;
+	// then only when the tokens are not due (the pop says when the room is
+	// empty).
+	checked := !l.duties.fresh(key)
+	if checked {
+		if wait, err := l.takeDuty(ctx, key); err != nil || wait > 0 {
+			return "", wait, err
+		}
+	}
 	peek, err := l.Peek(ctx, key, limit, cost)
 	if err != nil {
 		return "", 0, err
 	}
 	if !peek.Allowed {
-		n, err := l.rdb.Exists(ctx, room).Result()
-		switch {
-		case err != nil:
-			return "", 0, fmt.Errorf("ratelimit: room of %q: %w", key, err)
-		case n == 0:
-			return "", 0, ErrRoomEmpty
+		if !checked {
+			if wait, err := l.takeDuty(ctx, key); err != nil || wait > 0 {
+				return "", wait, err
+			}
 		}
 		return "", peek.RetryAfter, nil
 	}
-	vals, err := roomScript.Run(ctx, l.rdb, []string{room, next}, "pop", time.Duration(float64(cost)*float64(limit.interval())).Microseconds()).Slice()
+	vals, err := roomScript.Run(ctx, l.rdb, []string{room, next, duty}, "pop", time.Duration(float64(cost)*float64(limit.interval())).Microseconds(), l.id).Slice()
 	if err != nil {
 		return "", 0, fmt.Errorf("ratelimit: room of %q: %w", key, err)
 	}
@@ -67,14 +79,72 @@ func (l *Limiter) NextDue(ctx context.Context, key string, limit Limit, cost int
 	token, _ = vals[0].(string)
 	waitUs, _ := vals[1].(int64)
 	if token == "" && waitUs < 0 {
+		l.duties.gave(key)
 		return "", 0, ErrRoomEmpty
 	}
 	return token, time.Duration(waitUs) * time.Microsecond, nil
 }
 
-// roomKeys are key's room (a ZSET of tokens by arrival) and the stamp of
-// the next hand-out, in the hash tag of key's limit.
-func (l *Limiter) roomKeys(key string) (room, next string) {
+// takeDuty takes or renews this Limiter's duty of key's room: 0 on duty,
+// DutyLease (the wait before asking again) when another process holds it,
+// ErrRoomEmpty when nobody waits.
+func (l *Limiter) takeDuty(ctx context.Context, key string) (time.Duration, error) {
+	room, next, duty := l.roomKeys(key)
+	held, err := roomScript.Run(ctx, l.rdb, []string{room, next, duty}, "duty", l.id, DutyLease.Milliseconds()).Int64Slice()
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("ratelimit: duty of the room of %q: %w", key, err)
+	case len(held) != 2:
+		return 0, fmt.Errorf("ratelimit: room script replied %d values to duty", len(held))
+	case held[1] == 1:
+		l.duties.gave(key)
+		return 0, ErrRoomEmpty
+	case held[0] == 0:
+		l.duties.gave(key)
+		return DutyLease, nil
+	}
+	l.duties.took(key)
+	return 0, nil
+}
+
+// roomKeys are key's room (a ZSET of tokens by arrival), the stamp of the
+// next hand-out and the duty's lease, in the hash tag of key's limit.
+func (l *Limiter) roomKeys(key string) (room, next, duty string) {
 	base := "rate:" + l.redisKey(key)
-	return base + ":room", base + ":next"
+	return base + ":room", base + ":next", base + ":duty"
+}
+
+// DutyLease is how long a process's duty of handing out a room's tokens
+// lasts without its asking again, and how long NextDue tells the other
+// processes to wait before they ask.
+const DutyLease = time.Second
+
+// duties are the rooms whose duty this Limiter took lately: within half a
+// lease it renews none of them, so that handing out costs no round trip
+// more (the duty's lease runs on meanwhile).
+type duties struct {
+	mu    sync.Mutex
+	since map[string]time.Time // key -> when its duty was taken or renewed
+}
+
+func (d *duties) fresh(key string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	at, ok := d.since[key]
+	return ok && time.Since(at) < DutyLease/2
+}
+
+func (d *duties) took(key string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.since == nil {
+		d.since = map[string]time.Time{}
+	}
+	d.since[key] = time.Now()
+}
+
+func (d *duties) gave(key string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.since, key)
 }

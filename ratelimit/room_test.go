@@ -78,3 +78,60 @@ func TestRoomHandsOutOneTokenPerInterval(t *testing.T) {
 		t.Fatalf("NextDue after the last: %v, want ErrRoomEmpty", err)
 	}
 }
+
+// TestOneProcessHandsOutARoom: of two processes that ask for a room's
+// next token, the first holds the duty and the other is told to ask again
+// after DutyLease, handing nothing out; once the holder stops asking, the
+// other takes the duty over within about two leases, and hands out the
+// rest in order.
+func TestOneProcessHandsOutARoom(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	first, err := ratelimit.New(srv.Client(), ratelimit.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := ratelimit.New(srv.Client(), ratelimit.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit := ratelimit.Limit{Rate: 1000, Per: time.Second, Burst: 1}
+	key := t.Name()
+	for _, token := range []string{"a", "b", "c"} {
+		if err := first.Park(ctx, key, token, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if token, _, err := first.NextDue(ctx, key, limit, 1); err != nil || token != "a" {
+		t.Fatalf("the first process's NextDue = %q, %v, want a", token, err)
+	}
+	token, wait, err := second.NextDue(ctx, key, limit, 1)
+	if err != nil || token != "" || wait != ratelimit.DutyLease {
+		t.Fatalf("the second process's NextDue while the first holds the duty = %q, %s, %v, want \"\", %s", token, wait, err, ratelimit.DutyLease)
+	}
+	// The first stops asking: the second takes over.
+	start := time.Now()
+	var got []string
+	for len(got) < 2 {
+		if time.Since(start) > 3*ratelimit.DutyLease {
+			t.Fatalf("after %s the second process handed out %v, want [b c]", time.Since(start), got)
+		}
+		token, wait, err := second.NextDue(ctx, key, limit, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if token != "" {
+			got = append(got, token)
+			continue
+		}
+		time.Sleep(min(wait, 100*time.Millisecond)) // the time NextDue said, at most a tenth of the lease
+	}
+	if got[0] != "b" || got[1] != "c" {
+		t.Fatalf("handed out %v, want [b c]", got)
+	}
+	for _, l := range []*ratelimit.Limiter{first, second} {
+		if _, _, err := l.NextDue(ctx, key, limit, 1); !errors.Is(err, ratelimit.ErrRoomEmpty) {
+			t.Fatalf("NextDue of the emptied room: %v, want ErrRoomEmpty", err)
+		}
+	}
+}
