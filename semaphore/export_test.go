@@ -3,14 +3,19 @@ package semaphore
 import "time"
 
 // LocalWaiters counts the waits of s for key (Acquire calls, and tasks
-// standing by), for tests.
+// standing by) that are in line: their join reached Redis, so that a test
+// that waits for one before it starts the next knows their order. (A wait
+// is registered before its first call, see add.)
 func (s *Service) LocalWaiters(key string) int {
 	s.waits.mu.Lock()
 	defer s.waits.mu.Unlock()
-	if kw := s.waits.keys[key]; kw != nil {
-		return kw.n
+	n := 0
+	for wk, w := range s.waits.waiters {
+		if wk.key == key && w.joined && !w.done {
+			n++
+		}
 	}
-	return 0
+	return n
 }
 
 // LocalHandOvers counts the seats s gave to a waiter of its own in memory,
