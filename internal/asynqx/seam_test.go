@@ -602,3 +602,64 @@ func TestBacklogRingsForHelp(t *testing.T) {
 		}
 	}
 }
+
+// TestUntakenRingsBackOff: a worker that keeps finding tasks while no
+// other worker is idle (nobody takes its rings) rings less and less often,
+// and one ring stays on the doorbell for the next worker to go idle.
+func TestUntakenRingsBackOff(t *testing.T) {
+	s := newSeam(t)
+	ctx := context.Background()
+	rdb := redis.NewClient(&redis.Options{Addr: s.srv.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	c := asynqx.NewServerClient(rdb, "test:", []string{"q"}, time.Minute, slog.Default())
+	t.Cleanup(c.Stop)
+	k := asynqx.QueueKeys("q")
+	tasks := make([]any, 1000)
+	for i := range tasks {
+		tasks[i] = "task"
+	}
+	for range 100 {
+		if err := s.rdb.LPush(ctx, k.Pending, tasks...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.rdb.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const backlog = 1500 * time.Millisecond
+	for start := time.Now(); time.Since(start) < backlog; {
+		if err := c.Eval(ctx, `return redis.call('RPOP', KEYS[1])`, []string{k.Pending, k.Paused, k.Active, k.Lease}).Err(); err != nil {
+			t.Fatalf("dequeue with a backlog: %v", err)
+		}
+	}
+	// Each ring asks the doorbell's length once (duty.lua).
+	rings := commandCalls(t, s.rdb, "llen")
+	if rings < 2 || rings > 20 {
+		t.Fatalf("a worker with a backlog and nobody idle rang %d times in %s, want 2 to 20 (every 10 ms would be 150)", rings, backlog)
+	}
+	if n := s.rdb.LLen(ctx, rediskey.Idle("test:", "q")+"bell").Val(); n != 1 {
+		t.Fatalf("the doorbell holds %d rings, want 1 for the next worker to go idle", n)
+	}
+}
+
+// commandCalls reads how many times Redis ran cmd since its stats were
+// reset, from INFO commandstats.
+func commandCalls(t *testing.T, rdb *redis.Client, cmd string) int {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(info) {
+		rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls=")
+		if !ok {
+			continue
+		}
+		var n int
+		if _, err := fmt.Sscanf(rest, "%d", &n); err != nil {
+			t.Fatalf("commandstats line %q: %v", line, err)
+		}
+		return n
+	}
+	return 0
+}

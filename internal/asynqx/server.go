@@ -47,6 +47,7 @@ type ServerClient struct {
 	onDuty  map[string]bool // queues whose duty this worker holds
 	took    bool            // the last dequeue found a task (see noteDequeue)
 	rang    time.Time       // when this worker last rang for a backlog
+	ringGap time.Duration   // the least time between two backlog rings (see recruit)
 	// saturation hands the duty on unless the worker asks for another task
 	// first (see stillFree)
 	saturation *time.Timer
@@ -160,7 +161,8 @@ func queueOf(key, suffix string) (string, bool) {
 // finding tasks: so a burst recruits idle workers one after another, and
 // so does a backlog that grows behind a worker that never waits (its slots
 // free one at a time, each taken at once, while the others sit idle). The
-// doorbell keeps at most one ring nobody waited for. So a push costs the same
+// doorbell keeps at most one ring nobody waited for, and a worker whose
+// rings go untaken (nobody is idle) rings less and less often (recruit). So a push costs the same
 // few commands whatever the size of the fleet, and no idle worker polls.
 
 // waitForWork holds a dequeue while every queue was found empty, until a
@@ -215,9 +217,9 @@ func (c *ServerClient) noteDequeue(q string, cmd *redis.Cmd) {
 			// On duty: it keeps the duty only while it asks for more.
 			c.saturation = time.AfterFunc(saturated, func() { c.passOn(q) })
 		}
-		if now := time.Now(); c.took && now.Sub(c.rang) >= saturated {
+		if now := time.Now(); c.took && now.Sub(c.rang) >= max(c.ringGap, saturated) {
 			c.rang = now
-			go c.ring(q)
+			go c.recruit(q)
 		}
 		c.took = true
 	}
@@ -232,6 +234,33 @@ func (c *ServerClient) ring(q string) {
 		c.log.Warn("asynqx: wake another worker for a backlog (it looks again after its idle time)", "queue", q, "err", err)
 	}
 }
+
+// recruit rings q's doorbell for a backlog. While its rings go untaken
+// (the last one still waits on the doorbell: no worker is idle) it rings
+// half as often each time, down to once every maxRingGap, so that a fleet
+// whose workers are all busy does not ring for nobody; a ring taken brings
+// it back to every saturated.
+func (c *ServerClient) recruit(q string) {
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	duty, bell := c.idleKeys(q)
+	rung, err := dutyScript.Run(ctx, c.UniversalClient, []string{duty, bell}, "ring", c.id, c.maxIdle.Milliseconds()).Int()
+	if err != nil {
+		c.log.Warn("asynqx: wake another worker for a backlog (it looks again after its idle time)", "queue", q, "err", err)
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if rung == 1 {
+		c.ringGap = saturated
+	} else {
+		c.ringGap = min(2*max(c.ringGap, saturated), maxRingGap)
+	}
+}
+
+// maxRingGap bounds the time between two backlog rings of a worker whose
+// rings go untaken; a ring waits on the doorbell for maxIdle, longer.
+const maxRingGap = time.Second
 
 // saturated is how soon a worker with a slot to spare asks for its next
 // task after taking one: asynq's processor asks at once.
