@@ -547,17 +547,9 @@ func TestMissing(t *testing.T) {
 func TestBacklogRingsForHelp(t *testing.T) {
 	s := newSeam(t)
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: s.srv.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
-	c := asynqx.NewServerClient(rdb, "test:", []string{"q"}, time.Minute, slog.Default())
-	t.Cleanup(c.Stop)
+	dequeue := s.bareDequeuer()
 	k := asynqx.QueueKeys("q")
 	bell := rediskey.Idle("test:", "q") + "bell"
-	// A stand-in for asynq's dequeue script: same keys, so that the
-	// ServerClient treats it as one.
-	dequeue := func() error {
-		return c.Eval(ctx, `return redis.call('RPOP', KEYS[1])`, []string{k.Pending, k.Paused, k.Active, k.Lease}).Err()
-	}
 	push := func(n int) {
 		for range n {
 			if err := s.rdb.LPush(ctx, k.Pending, "task").Err(); err != nil {
@@ -609,10 +601,7 @@ func TestBacklogRingsForHelp(t *testing.T) {
 func TestUntakenRingsBackOff(t *testing.T) {
 	s := newSeam(t)
 	ctx := context.Background()
-	rdb := redis.NewClient(&redis.Options{Addr: s.srv.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
-	c := asynqx.NewServerClient(rdb, "test:", []string{"q"}, time.Minute, slog.Default())
-	t.Cleanup(c.Stop)
+	dequeue := s.bareDequeuer()
 	k := asynqx.QueueKeys("q")
 	tasks := make([]any, 1000)
 	for i := range tasks {
@@ -628,7 +617,7 @@ func TestUntakenRingsBackOff(t *testing.T) {
 	}
 	const backlog = 1500 * time.Millisecond
 	for start := time.Now(); time.Since(start) < backlog; {
-		if err := c.Eval(ctx, `return redis.call('RPOP', KEYS[1])`, []string{k.Pending, k.Paused, k.Active, k.Lease}).Err(); err != nil {
+		if err := dequeue(); err != nil {
 			t.Fatalf("dequeue with a backlog: %v", err)
 		}
 	}
@@ -662,4 +651,19 @@ func commandCalls(t *testing.T, rdb *redis.Client, cmd string) int {
 		return n
 	}
 	return 0
+}
+
+// bareDequeuer returns a dequeue of queue "q" through a ServerClient (of
+// the fleet "test:", idle for a minute at most) with no asynq server: a
+// stand-in for asynq's dequeue script, with its keys, so that the
+// ServerClient treats it as one. It pops a task, or fails with redis.Nil.
+func (s *seam) bareDequeuer() func() error {
+	rdb := redis.NewClient(&redis.Options{Addr: s.srv.Addr()})
+	s.t.Cleanup(func() { _ = rdb.Close() })
+	c := asynqx.NewServerClient(rdb, "test:", []string{"q"}, time.Minute, slog.Default())
+	s.t.Cleanup(c.Stop)
+	k := asynqx.QueueKeys("q")
+	return func() error {
+		return c.Eval(context.Background(), `return redis.call('RPOP', KEYS[1])`, []string{k.Pending, k.Paused, k.Active, k.Lease}).Err()
+	}
 }
