@@ -88,10 +88,14 @@ end
 -- server's clock (µs) is the floor, and it is past every fence granted
 -- before (fences run ahead of the clock only by grants beyond one a µs).
 local function nextFence(t, ttl)
-  local last = tonumber(redis.call('GET', KEYS[10]) or '0')
+  -- One command in the common case: the clock is past the last fence.
   local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local text = string.format('%.0f', math.max(last + 1, floor))
-  redis.call('SET', KEYS[10], text, 'PX', ttl)
+  local text = string.format('%.0f', floor)
+  local last = tonumber(redis.call('SET', KEYS[10], text, 'PX', ttl, 'GET') or '0')
+  if last >= floor then
+    text = string.format('%.0f', last + 1)
+    redis.call('SET', KEYS[10], text, 'PX', ttl)
+  end
   return text
 end
 
