@@ -1,0 +1,29 @@
+// Package admission is the path of a limited task from the worker slot
+// asynq gave it to its handler, or back to its queue: its caps (package
+// semaphore) and its rate limits (package ratelimit) rendered from its
+// payload (Table), taken in one fixed order without holding a seat while
+// it waits for another (Admitter.Admit, path.go), then held while it runs
+// (Admission.Run). A task that cannot run now goes back as a Back, parked
+// in the waiting room of the limit that held it back, and is brought to
+// the dequeuing end of its queue when its turn comes (Waker, wake.go). A
+// producer's Gate routes a new task the same way before it is enqueued.
+//
+// What a task costs Redis, counted with INFO commandstats on the
+// benchmarks of SPEC §4 (commands inside scripts counted one by one):
+//
+//   - A cap that is not reached (S2, S3): two script calls, the enter
+//     (acquire.lua: the server's time, whether anybody waits, the live
+//     seats, the seat and its lease, the fence) and the release
+//     (release.lua: the seat, whether anybody waits): about 13 commands
+//     inside them, beside asynq's own dequeue and done.
+//   - A cap that is full, tasks through the producer (S5, S10): about 140
+//     commands a task in all, asynq's included, whatever the fleet's
+//     size. Per task: the producer's reserve (refused) and park, one
+//     wake-up (wake.lua), one dequeue, an enter that stands by, the
+//     grant (a message when the seat frees in another process), the
+//     settle of its standby place, the release and asynq's done.
+//   - A rate limit that is reached (S8): about 74 commands a task; a task
+//     dequeued before its tokens are due is dequeued again when they are
+//     (2.9 dequeues a task), and one process at a time hands a room's
+//     tokens out (ratelimit.DutyLease).
+package admission
