@@ -658,12 +658,51 @@ func commandCalls(t *testing.T, rdb *redis.Client, cmd string) int {
 // stand-in for asynq's dequeue script, with its keys, so that the
 // ServerClient treats it as one. It pops a task, or fails with redis.Nil.
 func (s *seam) bareDequeuer() func() error {
+	dequeue := s.bareDequeuerOf("q")
+	return func() error { return dequeue("q") }
+}
+
+// bareDequeuerOf is bareDequeuer for a ServerClient that serves queues:
+// each call dequeues the queue it names.
+func (s *seam) bareDequeuerOf(queues ...string) func(queue string) error {
 	rdb := redis.NewClient(&redis.Options{Addr: s.srv.Addr()})
 	s.t.Cleanup(func() { _ = rdb.Close() })
-	c := asynqx.NewServerClient(rdb, "test:", []string{"q"}, time.Minute, slog.Default())
+	c := asynqx.NewServerClient(rdb, "test:", queues, time.Minute, slog.Default())
 	s.t.Cleanup(c.Stop)
-	k := asynqx.QueueKeys("q")
-	return func() error {
+	return func(queue string) error {
+		k := asynqx.QueueKeys(queue)
 		return c.Eval(context.Background(), `return redis.call('RPOP', KEYS[1])`, []string{k.Pending, k.Paused, k.Active, k.Lease}).Err()
+	}
+}
+
+// TestBacklogOfOneQueueOfTwo: asynq asks each queue in turn, so a worker
+// with a backlog in one queue finds the other empty between two of its
+// tasks; the backlog still rings that queue's doorbell.
+func TestBacklogOfOneQueueOfTwo(t *testing.T) {
+	s := newSeam(t)
+	ctx := context.Background()
+	dequeue := s.bareDequeuerOf("quiet", "busy")
+	busy := asynqx.QueueKeys("busy")
+	bell := rediskey.Idle("test:", "busy") + "bell"
+	rings := 0
+	for deadline := time.Now().Add(10 * time.Second); rings < 3; {
+		if time.Now().After(deadline) {
+			t.Fatalf("a backlog in one queue of two rang its doorbell %d times in 10 s, want 3", rings)
+		}
+		if err := s.rdb.LPush(ctx, busy.Pending, "task", "task").Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := dequeue("quiet"); !errors.Is(err, redis.Nil) {
+			t.Fatalf("dequeue of the empty queue: %v, want redis.Nil", err)
+		}
+		if err := dequeue("busy"); err != nil {
+			t.Fatalf("dequeue with a backlog: %v", err)
+		}
+		switch err := s.rdb.LPop(ctx, bell).Err(); {
+		case err == nil:
+			rings++
+		case !errors.Is(err, redis.Nil):
+			t.Fatal(err)
+		}
 	}
 }

@@ -42,12 +42,10 @@ type ServerClient struct {
 	id string // this client's name in the duty leases
 
 	mu      sync.Mutex
-	empty   map[string]bool // queues found empty since a task was last taken
-	waiting bool            // a dequeue waits for work
-	onDuty  map[string]bool // queues whose duty this worker holds
-	took    bool            // the last dequeue found a task (see noteDequeue)
-	rang    time.Time       // when this worker last rang for a backlog
-	ringGap time.Duration   // the least time between two backlog rings (see recruit)
+	empty   map[string]bool     // queues found empty since a task was last taken
+	waiting bool                // a dequeue waits for work
+	onDuty  map[string]bool     // queues whose duty this worker holds
+	backlog map[string]*backlog // per queue: what its dequeues found lately (see noteDequeue)
 	// saturation hands the duty on unless the worker asks for another task
 	// first (see stillFree)
 	saturation *time.Timer
@@ -56,6 +54,14 @@ type ServerClient struct {
 	stop       chan struct{}
 	stopped    bool
 	kept       map[string]kept // task id -> where Keep sends it instead of the archive
+}
+
+// backlog is what a worker's dequeues of one queue found lately, for its
+// backlog rings (see recruit).
+type backlog struct {
+	took bool          // the last dequeue of the queue found a task
+	rang time.Time     // when the worker last rang the queue's doorbell for a backlog
+	gap  time.Duration // the least time between two of those rings
 }
 
 type kept struct {
@@ -68,7 +74,7 @@ type kept struct {
 // workers of one fleet watch its queues together, and no other fleet's.
 func NewServerClient(rdb redis.UniversalClient, prefix string, queues []string, maxIdle time.Duration, log *slog.Logger) *ServerClient {
 	c := &ServerClient{UniversalClient: rdb, prefix: prefix, queues: map[string]bool{}, maxIdle: maxIdle, log: log, id: newID(),
-		empty: map[string]bool{}, onDuty: map[string]bool{}, arms: map[string]chan struct{}{}, work: make(chan struct{}, 1),
+		empty: map[string]bool{}, onDuty: map[string]bool{}, backlog: map[string]*backlog{}, arms: map[string]chan struct{}{}, work: make(chan struct{}, 1),
 		stop: make(chan struct{}), kept: map[string]kept{}}
 	for _, q := range queues {
 		c.queues[q] = true
@@ -162,8 +168,9 @@ func queueOf(key, suffix string) (string, bool) {
 // so does a backlog that grows behind a worker that never waits (its slots
 // free one at a time, each taken at once, while the others sit idle). The
 // doorbell keeps at most one ring nobody waited for, and a worker whose
-// rings go untaken (nobody is idle) rings less and less often (recruit). So a push costs the same
-// few commands whatever the size of the fleet, and no idle worker polls.
+// rings go untaken (nobody is idle) rings less and less often (recruit).
+// So a push costs the same few commands whatever the size of the fleet,
+// and no idle worker polls.
 
 // waitForWork holds a dequeue while every queue was found empty, until a
 // watcher sees work, maxIdle passes, or Stop.
@@ -202,59 +209,63 @@ func (c *ServerClient) waitForWork() {
 
 // noteDequeue records what a dequeue of q found. After a task taken on
 // duty, the worker hands the duty on unless it asks for another task
-// within saturated (see stillFree); a task taken right after another is a
-// backlog, and rings for another worker (see "Waiting for work").
+// within saturated (see stillFree); a task taken right after another of
+// the same queue (whatever the other queues answered between them, as
+// asynq asks each queue in turn) is a backlog, and rings for another
+// worker (see "Waiting for work").
 func (c *ServerClient) noteDequeue(q string, cmd *redis.Cmd) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	b := c.backlog[q]
+	if b == nil {
+		b = &backlog{gap: saturated}
+		c.backlog[q] = b
+	}
 	switch err := cmd.Err(); {
 	case errors.Is(err, redis.Nil):
 		c.empty[q] = true
-		c.took = false
+		b.took = false
 	case err == nil:
 		clear(c.empty)
 		if c.onDuty[q] {
 			// On duty: it keeps the duty only while it asks for more.
 			c.saturation = time.AfterFunc(saturated, func() { c.passOn(q) })
 		}
-		if now := time.Now(); c.took && now.Sub(c.rang) >= max(c.ringGap, saturated) {
-			c.rang = now
-			go c.recruit(q)
+		if now := time.Now(); b.took && now.Sub(b.rang) >= b.gap {
+			b.rang = now
+			go c.recruit(q, b)
 		}
-		c.took = true
+		b.took = true
 	}
 }
 
-// ring wakes one idle worker waiting on q's doorbell.
-func (c *ServerClient) ring(q string) {
-	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
-	defer cancel()
-	duty, bell := c.idleKeys(q)
-	if err := dutyScript.Run(ctx, c.UniversalClient, []string{duty, bell}, "ring", c.id, c.maxIdle.Milliseconds()).Err(); err != nil {
-		c.log.Warn("asynqx: wake another worker for a backlog (it looks again after its idle time)", "queue", q, "err", err)
-	}
-}
-
-// recruit rings q's doorbell for a backlog. While its rings go untaken
-// (the last one still waits on the doorbell: no worker is idle) it rings
-// half as often each time, down to once every maxRingGap, so that a fleet
-// whose workers are all busy does not ring for nobody; a ring taken brings
-// it back to every saturated.
-func (c *ServerClient) recruit(q string) {
+// ring wakes one idle worker waiting on q's doorbell. It reports whether
+// it rang: false when a ring nobody took waits there already (no worker is
+// idle), or Redis failed (logged).
+func (c *ServerClient) ring(q string) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
 	duty, bell := c.idleKeys(q)
 	rung, err := dutyScript.Run(ctx, c.UniversalClient, []string{duty, bell}, "ring", c.id, c.maxIdle.Milliseconds()).Int()
 	if err != nil {
 		c.log.Warn("asynqx: wake another worker for a backlog (it looks again after its idle time)", "queue", q, "err", err)
-		return
 	}
+	return err == nil && rung == 1
+}
+
+// recruit rings q's doorbell for a backlog of b. While its rings go
+// untaken (the last one still waits on the doorbell: no worker is idle) it
+// rings half as often each time, down to once every maxRingGap, so that a
+// fleet whose workers are all busy does not ring for nobody; a ring taken
+// brings it back to every saturated.
+func (c *ServerClient) recruit(q string, b *backlog) {
+	rung := c.ring(q)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if rung == 1 {
-		c.ringGap = saturated
+	if rung {
+		b.gap = saturated
 	} else {
-		c.ringGap = min(2*max(c.ringGap, saturated), maxRingGap)
+		b.gap = min(2*b.gap, maxRingGap)
 	}
 }
 
