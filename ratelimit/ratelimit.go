@@ -113,8 +113,8 @@ type Observer interface {
 }
 
 // Limiter takes tokens from fleet-wide rate limits. It is safe for
-// concurrent use and holds no state besides its Redis client and its name
-// in the rooms' duty leases (see NextDue).
+// concurrent use. Besides its Redis client it holds only its name in the
+// rooms' duty leases and when it last took each (see NextDue).
 type Limiter struct {
 	rdb    redis.UniversalClient
 	gcra   *redis_rate.Limiter

@@ -44,8 +44,9 @@ func (l *Limiter) Park(ctx context.Context, key, token string, ttl time.Duration
 var ErrRoomEmpty = errors.New("ratelimit: nobody waits")
 
 // NextDue hands out the first token of key's room once cost tokens of the
-// limit are due, or says how long until it may: then token is "". It
-// returns ErrRoomEmpty when no token waits.
+// limit are due, or says how long until it may: then token is "". While
+// another process holds the room's duty, it hands out nothing and says
+// DutyLease. It returns ErrRoomEmpty when no token waits.
 func (l *Limiter) NextDue(ctx context.Context, key string, limit Limit, cost int) (token string, wait time.Duration, err error) {
 	room, next, duty := l.roomKeys(key)
 	// The duty is asked for first, unless this Limiter took it lately;
