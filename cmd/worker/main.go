@@ -167,9 +167,11 @@ func printPages(stdout io.Writer, cfg *config.Config, base string) {
 	if !cfg.Redis.Embedded() {
 		where = "Redis from the config"
 	}
-	fmt.Fprintf(stdout, "fleetcap worker on %s\n  semaphores: %s/semaphores\n  asynqmon:   %s/monitoring/\n  metrics:    %s/metrics\n",
+	// One write: a reader that waits for the pages never sees half of it.
+	banner := fmt.Sprintf("fleetcap worker on %s\n  semaphores: %s/semaphores\n  asynqmon:   %s/monitoring/\n  metrics:    %s/metrics\n",
 		where, base, base, base)
 	if cfg.Redis.Embedded() && cfg.Redis.EmbeddedFile != "" {
-		fmt.Fprintf(stdout, "  kept in:    %s (saved at stop, loaded at start)\n", cfg.Redis.EmbeddedFile)
+		banner += fmt.Sprintf("  kept in:    %s (saved at stop, loaded at start)\n", cfg.Redis.EmbeddedFile)
 	}
+	fmt.Fprint(stdout, banner)
 }
