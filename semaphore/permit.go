@@ -11,14 +11,16 @@ import (
 // Permit is a leased seat of a semaphore. Release it when the work is done;
 // it lapses by itself at ExpiresAt unless extended or auto-renewed.
 type Permit struct {
-	s        *Service
-	key      string
-	k        keys
-	id       string
-	member   string // its member of the holders ZSET
-	fence    uint64 // its fencing token (see Fence)
-	capacity int
-	cfg      acquireConfig
+	s         *Service
+	key       string
+	k         keys
+	id        string
+	member    string // its member of the holders ZSET
+	fence     uint64 // its fencing token (see Fence)
+	capacity  int
+	cfg       acquireConfig
+	from      *spareBlock // the spare seats it was lent from; nil for its own seat
+	fenceOnce sync.Once   // draws the fence of a lent seat
 
 	mu          sync.Mutex
 	acquiredAt  time.Time // server time
@@ -67,8 +69,8 @@ func (s *Service) started(p *Permit) {
 	if s.obs != nil {
 		s.obs.ActiveChanged(p.key, 1)
 	}
-	if p.cfg.autoRenew {
-		s.startRenew(p)
+	if p.cfg.autoRenew && p.from == nil {
+		s.startRenew(p) // a lent seat renews with its spare seats
 	}
 }
 
@@ -83,10 +85,34 @@ func (p *Permit) ID() string { return p.id }
 // (SPEC §1.3). A resource that records the highest fence it has seen and
 // refuses a write with a lower one is safe from a holder whose lease
 // lapsed (a paused process) after its seat went to someone else.
-func (p *Permit) Fence() uint64 { return p.fence }
+//
+// A seat lent from a process's spare seats (see Options.SpareSeats) draws
+// its fence on the first call, a round trip; when its spare seats are
+// gone or the store cannot be reached, that fence is 0 (logged), which a
+// resource that has seen any fence refuses.
+func (p *Permit) Fence() uint64 {
+	if p.from != nil {
+		p.fenceOnce.Do(func() { p.fence = p.s.drawFence(p) })
+	}
+	return p.fence
+}
 
 // Weight is how many seats the permit holds (WithWeight; 1 by default).
 func (p *Permit) Weight() int { return p.cfg.seats }
+
+// weight is how many seats p holds in Redis now: spare seats shrink as
+// they go back (setWeight).
+func (p *Permit) weight() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cfg.seats
+}
+
+func (p *Permit) setWeight(n int) {
+	p.mu.Lock()
+	p.cfg.seats = n
+	p.mu.Unlock()
+}
 
 // TTL is the length of the current lease.
 func (p *Permit) TTL() time.Duration {
@@ -105,6 +131,9 @@ func (p *Permit) AcquiredAt() time.Time {
 // ExpiresAt is when the lease runs out unless extended, by the Redis
 // server's clock.
 func (p *Permit) ExpiresAt() time.Time {
+	if p.from != nil {
+		return p.from.permit.ExpiresAt()
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.expiresAt
@@ -166,6 +195,9 @@ func (p *Permit) Release(ctx context.Context) error {
 // clock, and passes the seat on to the first waiter (see release.lua). It
 // reports whether p still held the seat.
 func (s *Service) release(ctx context.Context, p *Permit) (bool, error) {
+	if p.from != nil {
+		return s.returnSpare(ctx, p)
+	}
 	rep, err := s.runBatched(releaseScript, p.k, s.settleArgs(p.key, "member", p.member, "seats", p.cfg.seats, "capacity", p.capacity)...)
 	if err != nil {
 		return false, err
@@ -176,6 +208,14 @@ func (s *Service) release(ctx context.Context, p *Permit) (bool, error) {
 	}
 	s.passOn(p.key, rep, time.Time{})
 	return held == 1, nil
+}
+
+// localDeadline is when the lease surely ran out, by the local clock,
+// unless it was renewed.
+func (p *Permit) localDeadline() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.deadline
 }
 
 // localAcquired estimates the local time of acquisition.
@@ -191,10 +231,13 @@ func (p *Permit) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := checkTTL("Extend", ttl); err != nil {
 		return err
 	}
+	if p.from != nil {
+		return p.from.permit.Extend(ctx, ttl) // a lent seat lives with its spare seats
+	}
 	sent := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	defer cancel()
-	vals, err := extendScript.Run(ctx, p.s.rdb, []string{p.k.holders}, p.member, ttl.Milliseconds(), p.cfg.seats).Int64Slice()
+	vals, err := extendScript.Run(ctx, p.s.rdb, []string{p.k.holders}, p.member, ttl.Milliseconds(), p.weight()).Int64Slice()
 	if err != nil {
 		return fmt.Errorf("semaphore: extend %q: %w", p.key, err)
 	}
@@ -265,6 +308,9 @@ func lostMargin(ttl time.Duration) time.Duration {
 
 // IsAutoRenewing reports whether auto-renewal is running.
 func (p *Permit) IsAutoRenewing() bool {
+	if p.from != nil {
+		return p.from.permit.IsAutoRenewing()
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.renewTimer != nil

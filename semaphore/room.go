@@ -116,12 +116,24 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 			return nil, 0, &AcquisitionError{Key: key, Reason: ReasonShutdown, Err: ErrClosed}
 		}
 		req := s.newRequest(key, permits, cfg)
+		if p := s.lendSpare(req); p != nil {
+			e.Permit, _, err = s.keepUnlessClosed(p, 1)
+			return e.Permit, 1, err
+		}
 		e.w = newWaiter(req, token)
 		s.add(e.w)
-		p, rep, err := s.ask(req, e.w, "enter", room.args()...)
+		extra, spare := room.args(), ""
+		if want := s.spareWant(req); want > 0 {
+			spare = member(randomID(), "spare:"+s.id)
+			extra = append(extra, "spare", want, "sparemember", spare)
+		}
+		p, rep, err := s.ask(req, e.w, "enter", extra...)
 		if err != nil {
 			s.remove(e.w)
 			return nil, 1, &AcquisitionError{Key: key, Reason: ReasonError, Attempts: 1, Err: err}
+		}
+		if n, _ := rep.int("spared"); n > 0 && p != nil {
+			s.openSpare(req, spare, int(n), p)
 		}
 		e.Standby = rep.str("outcome") == "standby"
 		e.holdsPlace = e.Standby

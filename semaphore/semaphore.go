@@ -27,6 +27,11 @@
 // turns, weighted, first come first served within a value; every other
 // rule of the line stays as it is. And every seat carries a fencing token
 // (Permit.Fence), above every fence granted on its key before.
+//
+// A cap that is far from full costs its tasks no round trip of their own:
+// a Service with Options.SpareSeats takes a few spare seats of such a key
+// with a seat Enter took, and lends them to its next tasks in memory; the
+// first call anywhere that finds the key full calls them back (spare.go).
 package semaphore
 
 import (
@@ -81,6 +86,7 @@ var (
 	admitScript        = roomScript("admit.lua")
 	asideScript        = roomScript("aside.lua")
 	settleScript       = roomScript("settle.lua")
+	fenceScript        = roomScript("fence.lua")
 	extendScript       = script("extend.lua")
 	holdersScript      = script("holders.lua")
 	heldScript         = script("held.lua")
@@ -104,6 +110,10 @@ type Options struct {
 	// its task calls Enter again. It is called on a goroutine of its own.
 	// A Service without it leaves the room alone.
 	OnWake func(key string, tokens []string)
+	// SpareSeats is how many spare seats of a key this Service may hold
+	// for Enter's auto-renewed seats (see spare.go): a worker gives its
+	// concurrency. 0 takes none.
+	SpareSeats int
 }
 
 // Service hands out permits of semaphores kept in one Redis. It is safe for
@@ -128,6 +138,7 @@ type Service struct {
 	renewing map[*Permit]struct{} // permits with auto-renew on
 
 	waits waitRegistry // the waiters of this Service, and their keys
+	spare spareSeats   // the spare seats it holds
 	clock clockOffset
 }
 
@@ -142,6 +153,9 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 	}
 	if err := rediskey.CheckPrefix(opts.Prefix); err != nil {
 		return nil, fmt.Errorf("semaphore: New: Prefix %w", err)
+	}
+	if opts.SpareSeats < 0 {
+		return nil, fmt.Errorf("semaphore: New: SpareSeats must be >= 0, got %d", opts.SpareSeats)
 	}
 	if opts.DefaultTTL == 0 {
 		opts.DefaultTTL = DefaultTTL
@@ -168,6 +182,7 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 		closed:   make(chan struct{}),
 		renewing: make(map[*Permit]struct{}),
 		waits:    newWaitRegistry(),
+		spare:    spareSeats{max: opts.SpareSeats, open: map[string]*spareBlock{}},
 	}, nil
 }
 
@@ -175,19 +190,19 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 // (see rediskey.HashTag). A holder's label travels inside its member of
 // holders (see member). The others are the waiting room (lua/room.lua).
 type keys struct {
-	holders, waiting, slots, procs, parked, places, since, room, aside, fence, shares, reals string
+	holders, waiting, slots, procs, parked, places, since, room, aside, fence, shares, reals, spares string
 }
 
 func (s *Service) keysFor(key string) keys {
 	base := s.prefix + "{" + rediskey.HashTag(key) + "}:"
 	return keys{holders: base + "holders", waiting: base + "waiting", slots: base + "slots", procs: base + "procs",
 		parked: base + "parked", places: base + "places", since: base + "since", room: base + "room", aside: base + "aside", fence: base + "fence",
-		shares: base + "shares", reals: base + "reals"}
+		shares: base + "shares", reals: base + "reals", spares: base + "spares"}
 }
 
 // all is the KEYS of a roomScript, in room.lua's order.
 func (k keys) all() []string {
-	return []string{k.holders, k.waiting, k.slots, k.procs, k.parked, k.places, k.since, k.room, k.aside, k.fence, k.shares, k.reals}
+	return []string{k.holders, k.waiting, k.slots, k.procs, k.parked, k.places, k.since, k.room, k.aside, k.fence, k.shares, k.reals, k.spares}
 }
 
 // member is a permit's member of the holders ZSET: its id, and its label
@@ -322,6 +337,7 @@ func (s *Service) ForceReleaseAll(ctx context.Context, key string) (int, error) 
 func (s *Service) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.closed)
+		s.drainAllSpares(true)
 		s.mu.Lock()
 		renewing := s.renewing
 		s.renewing = map[*Permit]struct{}{}

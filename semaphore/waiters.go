@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -121,10 +122,7 @@ func (s *Service) waitsHere(w *waiter) {
 	if start {
 		kw.looping = true
 	}
-	subscribe := !r.subscribing && r.ps == nil && !r.closed
-	if subscribe {
-		r.subscribing = true
-	}
+	subscribe := r.startsListening()
 	r.mu.Unlock()
 	if subscribe {
 		go s.listen()
@@ -132,6 +130,29 @@ func (s *Service) waitsHere(w *waiter) {
 	if start {
 		go s.recheckLoop(w.req.key, kw)
 	}
+}
+
+// startsListening reports whether the caller should start this Service's
+// subscription (listen), and notes that it does. Caller holds mu.
+func (r *waitRegistry) startsListening() bool {
+	subscribe := !r.subscribing && r.ps == nil && !r.closed
+	if subscribe {
+		r.subscribing = true
+	}
+	return subscribe
+}
+
+// listening reports whether this Service's seat channel is confirmed; it
+// starts the subscription when none runs.
+func (s *Service) listening() bool {
+	r := &s.waits
+	r.mu.Lock()
+	heard, subscribe := r.heard, r.startsListening()
+	r.mu.Unlock()
+	if subscribe {
+		go s.listen()
+	}
+	return heard
 }
 
 // remove unregisters w: a seat sent to it later is given back. It reports
@@ -378,12 +399,18 @@ func (s *Service) listen() {
 			r.heard = m.Kind == "subscribe"
 			r.subSeq++
 			r.markMissed()
+			heard := r.heard
 			r.mu.Unlock()
+			if !heard {
+				s.drainAllSpares(false) // a recall could be missed now
+			}
 			retry = backoffBase
 			s.nudgeAll()
 			continue
 		case *redis.Message:
-			if key, token, seat, ok := parseSeatMessage(m.Payload); ok {
+			if key, ok := strings.CutPrefix(m.Payload, spareMessage); ok {
+				s.recallSpare(key)
+			} else if key, token, seat, ok := parseSeatMessage(m.Payload); ok {
 				_ = s.deliver(key, token, seat) // a waiter that left gives its seat back as it leaves
 			} else {
 				s.log.Warn("semaphore: a seat message this build cannot read", "payload", m.Payload)
@@ -403,6 +430,7 @@ func (s *Service) listen() {
 			if wasHeard {
 				s.log.Warn("semaphore: seat channel lost; waiters recheck until it is back", "err", err)
 			}
+			s.drainAllSpares(false) // a recall could be missed now
 			select {
 			case <-time.After(retry):
 			case <-ctx.Done():

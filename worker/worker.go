@@ -148,6 +148,9 @@ func (w *Worker) connect() error {
 		Logger:         w.log,
 		TracerProvider: w.opts.tracer,
 		Observer:       obs,
+		// A slot holds one task: a key's spare seats never need to
+		// outnumber the slots.
+		SpareSeats: w.cfg.Worker.Concurrency,
 	})
 	if err != nil {
 		return err

@@ -5,7 +5,7 @@
 // time, so that no process fails with WRONGTYPE on another build's key or
 // misreads its data (SPEC §2.12).
 //
-// This build speaks layout 4 (Version). The layouts, and what each
+// This build speaks layout 5 (Version). The layouts, and what each
 // changed:
 //   - 1, the builds from before 46ae4d4, which recorded no version: the
 //     waiting room of a key, <semaphore.prefix>{<key>}:parked, was a LIST.
@@ -42,6 +42,12 @@
 //     a fair key keeps its values' last arrivals in {<key>}:shares and
 //     its tokens' real arrivals in {<key>}:reals. Layout 3's other keys
 //     keep their names and contents.
+//   - 5: a process may hold spare seats of a key (package semaphore,
+//     spare.go): one member of {<key>}:holders of weight n, listed in
+//     {<key>}:spares with the process's seat channel; a call that finds
+//     the key full sends "spare:<key>" on each such channel, and the
+//     process gives them back. A layout-4 process would neither send nor
+//     heed it. Layout 4's keys keep their names and contents.
 //
 // The record is one Redis hash, fleetcap:layout (Key), without a TTL. Its
 // field "version" is the layout the fleet's data is in; a field
@@ -98,7 +104,7 @@ import (
 )
 
 // Version is the Redis layout this build speaks.
-const Version = 4
+const Version = 5
 
 // Key is the Redis hash that records the layout and its live processes.
 const Key = "fleetcap:layout"

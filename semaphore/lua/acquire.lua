@@ -28,6 +28,10 @@
 --             places; ms a place held from a slot lasts; ms a place waits
 --             for its task to show up; ms the room's keys outlive this call
 --
+--   spare, sparemember   enter: how many spare seats the process would
+--             take with its seat, under that member (see spare.go): it
+--             gets them only while nobody waits, and never into the upper
+--             half of the key's seats
 --   mine      recheck: how many of the process's waiting tokens follow,
 --             as t1, m1, t2, m2, ... (token, and the member of the seat it
 --             asked for): those given a seat are named in granted; when
@@ -39,7 +43,8 @@
 -- expiry, ms, when no seat was given; 0 for none), free (seats still
 -- free), fence (the seat's fencing token, see nextFence; '0' without a
 -- seat), kept (1 when a seat kept the token's standby place: settle it
--- once the task starts, settle.lua), granted
+-- once the task starts, settle.lua), spared (the spare seats taken
+-- under sparemember), granted
 -- (token, member, fence triples: the caller's waiters given a seat),
 -- woken (tokens let out of the room, for the caller to bring back), lost
 -- (recheck: the caller's tokens to join again).
@@ -77,7 +82,7 @@ if roomed and free > 0 and mode ~= 'reserve' then
   own, free, blocked = grant(now, t, free, a.channel or '', a.prefix or '', a.key or '', before)
 end
 
-local outcome, kept, fence = 'full', 0, '0'
+local outcome, kept, fence, spared = 'full', 0, '0', 0
 if mode == 'recheck' then
   -- A process whose presence was dropped (it was not heard of for long,
   -- and its waiters were dropped with it) joins its waiters again; seats
@@ -117,6 +122,17 @@ elseif free >= seats and not blocked and mode ~= 'reserve' then
       kept = 1
     else
       forget(token)
+    end
+  end
+  local spare = tonumber(a.spare or '0')
+  if spare > 0 and mode == 'enter' and not roomed then
+    local give = math.min(spare, math.floor(capacity / 2) - (capacity - free))
+    if give > 0 then
+      holdSeats(a.sparemember, give, now, tonumber(a.ttl))
+      redis.call('HSET', KEYS[13], a.sparemember, a.channel)
+      redis.call('PEXPIRE', KEYS[13], tonumber(a.ttl) * 2)
+      free = free - give
+      spared = give
     end
   end
 elseif mode == 'join' then
@@ -166,8 +182,9 @@ if a.wake == '1' and (roomed or outcome ~= 'seat') then woken = admit(now, free)
 
 local earliest = 0
 if outcome ~= 'seat' then
+  recallSpares(a.prefix or '', a.key or '')
   local e = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   if #e > 0 then earliest = tonumber(e[2]) end
 end
-return {'outcome', outcome, 'now', now, 'fence', fence, 'arrival', arrival, 'earliest', earliest, 'free', free, 'kept', kept,
+return {'outcome', outcome, 'now', now, 'fence', fence, 'arrival', arrival, 'earliest', earliest, 'free', free, 'kept', kept, 'spared', spared,
   'granted', own, 'woken', woken, 'lost', lost}

@@ -12,5 +12,6 @@ local a = args()
 local now, t = clock()
 local capacity = roomCapacity(-1)
 stepAside(a.token, micros(t))
+recallSpares(a.prefix or '', a.key or '')
 local own, woken = settle(now, t, capacity, a)
 return {'now', now, 'granted', own, 'woken', woken}

@@ -17,6 +17,7 @@ for _, m in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')) do
   if not string.find(string.match(m, '^[^\n]*'), '\1', 1, true) then live = live + 1 end
 end
 redis.call('DEL', KEYS[1])
+recallSpares(a.prefix or '', a.key or '') -- their seats went with the rest
 local capacity = tonumber(a.capacity)
 if capacity < 0 then capacity = roomCapacity(-1) end
 local own, woken = settle(now, t, capacity, a)

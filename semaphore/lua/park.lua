@@ -4,7 +4,7 @@
 --
 -- KEYS: those of room.lua
 -- ARGV, name/value pairs: token, capacity, budget, transit, keyttl, wake,
---   share, shareweight (see acquire.lua)
+--   share, shareweight, prefix, key (see acquire.lua)
 --
 -- Reply, name/value pairs: woken (tokens let out).
 
@@ -15,6 +15,7 @@ redis.call('PEXPIRE', KEYS[8], a.keyttl)
 local nowus = micros(t)
 local arrival, fresh = arrivalOf(a.token, nowus, a)
 park(a.token, arrival)
+recallSpares(a.prefix or '', a.key or '')
 if fresh then noteShare(a, a.token, arrival, nowus) end
 redis.call('PEXPIRE', KEYS[5], a.keyttl)
 local woken = {}

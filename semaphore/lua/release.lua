@@ -6,7 +6,8 @@
 -- ARGV, name/value pairs: member (the seat), seats (its weight), capacity,
 --   channel, prefix,
 --   key (see acquire.lua), wake ('1': the caller brings tokens let out
---   back)
+--   back); for a process's spare seats (see spare.go): spare '1', and
+--   keep, the seats it keeps (the others go back; 0 or none: all)
 --
 -- Reply, name/value pairs: held (1 when the seat was still held, 0 when it
 -- was already lost), granted (tokens of the caller's channel given a seat),
@@ -15,7 +16,15 @@
 local a = args()
 local s = redis.call('ZSCORE', KEYS[1], a.member)
 if not s then return {'held', 0, 'granted', {}, 'woken', {}} end
-unhold(a.member, tonumber(a.seats or '1'))
+local seats, keep = tonumber(a.seats or '1'), tonumber(a.keep or '0')
+if keep > 0 then
+  local rem = {'ZREM', KEYS[1]}
+  for i = keep + 1, seats do rem[#rem + 1] = extraSeat(a.member, i) end
+  if #rem > 2 then redis.call(unpack(rem)) end
+else
+  unhold(a.member, seats)
+  if a.spare == '1' then redis.call('HDEL', KEYS[13], a.member) end
+end
 local now, t = clock()
 local held = 0
 if tonumber(s) > now then held = 1 end

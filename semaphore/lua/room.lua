@@ -46,6 +46,9 @@
 --                  token of that value (see shareArrival)
 -- KEYS[12] reals   HASH token -> "real arrival µs\tvalue", for the tokens
 --                  of a fair key, whose arrivals are virtual
+-- KEYS[13] spares  HASH member -> channel: the processes' spare seats of
+--                  the key (see spare.go), which each gives back when
+--                  its channel hears that the key is full (recallSpares)
 --
 -- Fair share. A token that asks with a share value (its tenant, say) and
 -- a weight gets a virtual arrival (start-time fair queueing): the arrival
@@ -104,9 +107,9 @@ local function extraSeat(member, i)
   return string.match(member, '^[^\n]*') .. '\1' .. i
 end
 
--- hold gives member seats seats until now + ttl, and returns its fence;
--- the holders key lives at least as long as its longest lease.
-local function hold(member, seats, now, t, ttl)
+-- holdSeats gives member seats seats until now + ttl; the holders key
+-- lives at least as long as its longest lease.
+local function holdSeats(member, seats, now, ttl)
   local add = {'ZADD', KEYS[1], now + ttl, member}
   for i = 2, seats do
     add[#add + 1] = now + ttl
@@ -114,7 +117,29 @@ local function hold(member, seats, now, t, ttl)
   end
   redis.call(unpack(add))
   if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl * 2) end
+end
+
+-- hold gives member seats seats until now + ttl, and returns its fence.
+local function hold(member, seats, now, t, ttl)
+  holdSeats(member, seats, now, ttl)
   return nextFence(t, ttl)
+end
+
+-- recallSpares tells every process that holds spare seats of the key
+-- that somebody found it full (a message "spare:" and the key on its
+-- channel, prefix .. channel): each gives back the spare seats its tasks
+-- do not use, and takes no more until it finds the key quiet again.
+local function recallSpares(prefix, key)
+  local held = redis.call('HGETALL', KEYS[13])
+  if #held == 0 then return end
+  local told = {}
+  for i = 2, #held, 2 do
+    if not told[held[i]] then
+      told[held[i]] = true
+      redis.call('PUBLISH', prefix .. held[i], 'spare:' .. key)
+    end
+  end
+  redis.call('DEL', KEYS[13])
 end
 
 -- unhold takes member's seats seats back; it returns 1 when member held

@@ -1,0 +1,329 @@
+package semaphore_test
+
+import (
+	"context"
+	"errors"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
+	"github.com/fleetcap/fleetcap/semaphore"
+)
+
+// withSpares gives a Service n spare seats a key.
+func withSpares(n int) func(*semaphore.Options) {
+	return func(o *semaphore.Options) { o.SpareSeats = n }
+}
+
+// scriptCalls is how many scripts the server has run.
+func scriptCalls(t *testing.T, rdb redis.UniversalClient) int {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, m := range regexp.MustCompile(`cmdstat_(?:evalsha|eval):calls=(\d+)`).FindAllStringSubmatch(info, -1) {
+		c, _ := strconv.Atoi(m[1])
+		n += c
+	}
+	return n
+}
+
+// enterSeat is an Enter that must get a seat at once.
+func enterSeat(t *testing.T, s *semaphore.Service, key string, capacity int, token string) *semaphore.Permit {
+	t.Helper()
+	e, err := s.Enter(context.Background(), key, capacity, token, roomOf(4), semaphore.WithAutoRenew(), semaphore.WithHolder(token))
+	if err != nil {
+		t.Fatalf("Enter %s: %v", token, err)
+	}
+	if e.Permit == nil {
+		t.Fatalf("Enter %s found no free seat", token)
+	}
+	return e.Permit
+}
+
+// openSpares enters tasks of key until the Service holds spare seats of
+// it (its first Enter starts its seat channel, and spare seats wait for
+// it), and returns the seat held by the Enter that took them.
+func openSpares(t *testing.T, s *semaphore.Service, key string, capacity int) *semaphore.Permit {
+	t.Helper()
+	var p *semaphore.Permit
+	waitfor.Condition(t, 5*time.Second, "spare seats taken", func() bool {
+		if p != nil {
+			mustRelease(t, p)
+		}
+		p = enterSeat(t, s, key, capacity, "opener")
+		return used(t, s, key) > 1
+	})
+	return p
+}
+
+func mustRelease(t *testing.T, p *semaphore.Permit) {
+	t.Helper()
+	if err := p.Release(context.Background()); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+}
+
+// TestSpareSeatsLendWithoutRoundTrips: under a cap far from full, a
+// Service takes spare seats with a seat, below half the capacity, and
+// its next tasks take and give back seats without a script call; the
+// spare seats show as one holder, and go back once idle.
+func TestSpareSeatsLendWithoutRoundTrips(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newService(t, srv.Client(), withSpares(8))
+	key := uniqueKey(t)
+	opener := openSpares(t, s, key, 100)
+	if n := used(t, s, key); n != 9 {
+		t.Fatalf("used seats = %d, want the seat and 8 spare", n)
+	}
+	holders, err := s.Holders(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spare := 0
+	for _, h := range holders {
+		if strings.HasPrefix(h.Label, "spare:") {
+			spare += h.Seats
+		}
+	}
+	if spare != 8 {
+		t.Fatalf("holders %+v: want one of 8 spare seats", holders)
+	}
+	before := scriptCalls(t, srv.Client())
+	for i := range 50 {
+		var held []*semaphore.Permit
+		for j := range 8 {
+			held = append(held, enterSeat(t, s, key, 100, "t"+strconv.Itoa(i*8+j)))
+		}
+		for _, p := range held {
+			mustRelease(t, p)
+		}
+	}
+	if calls := scriptCalls(t, srv.Client()) - before; calls != 0 {
+		t.Fatalf("400 tasks on spare seats ran %d scripts, want none", calls)
+	}
+	mustRelease(t, opener)
+	waitfor.Condition(t, 5*time.Second, "idle spare seats given back", func() bool { return used(t, s, key) == 0 })
+}
+
+// TestSpareSeatsNeverTakeTheUpperHalf: spare seats come only from the
+// lower half of a key's seats, and never from a small key.
+func TestSpareSeatsNeverTakeTheUpperHalf(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newService(t, srv.Client(), withSpares(8))
+	key := uniqueKey(t)
+	openSpares(t, s, key, 10)
+	if n := used(t, s, key); n != 5 {
+		t.Fatalf("used seats = %d, want the seat and 4 spare (half of 10)", n)
+	}
+	small := uniqueKey(t)
+	for i := range 20 {
+		p := enterSeat(t, s, small, 3, "s"+strconv.Itoa(i))
+		if n := used(t, s, small); n != 1 {
+			t.Fatalf("a key of 3 seats has %d used for one task: spare seats taken", n)
+		}
+		mustRelease(t, p)
+	}
+}
+
+// TestSpareSeatsComeBackForAWaiter: when another Service's task finds the
+// key full because of spare seats, they come back at once, and the
+// waiting task gets one; the cap holds.
+func TestSpareSeatsComeBackForAWaiter(t *testing.T) {
+	srv := redistest.Start(t)
+	a := newService(t, srv.Client(), withSpares(8))
+	b := newService(t, srv.Client())
+	key := uniqueKey(t)
+	const capacity = 10
+	openSpares(t, a, key, capacity) // 1 seat and 4 spare
+	var held []*semaphore.Permit
+	for i := range 5 {
+		held = append(held, enterSeat(t, b, key, capacity, "b"+strconv.Itoa(i)))
+	}
+	e, err := b.Enter(context.Background(), key, capacity, "waiter", roomOf(4), semaphore.WithAutoRenew())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Permit != nil || !e.Standby {
+		t.Fatalf("a full key gave %+v, want a standby place", e)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	p, err := e.Wait(ctx)
+	if err != nil {
+		t.Fatalf("the waiter got no seat from the spare seats: %v", err)
+	}
+	if n := used(t, a, key); n > capacity {
+		t.Fatalf("used seats = %d, over the cap of %d", n, capacity)
+	}
+	// The other spare seats went back with the one it got.
+	if n := used(t, a, key); n != 7 {
+		t.Fatalf("used seats = %d, want the opener's, 5 and the waiter's", n)
+	}
+	mustRelease(t, p)
+	for _, h := range held {
+		mustRelease(t, h)
+	}
+}
+
+// TestSpareSeatsHoldTheCap: several Services with spare seats and busy
+// tasks, more than the cap and fewer: never more seats held than the cap,
+// and every task runs.
+func TestSpareSeatsHoldTheCap(t *testing.T) {
+	for _, capacity := range []int{12, 16, 40} {
+		t.Run(strconv.Itoa(capacity), func(t *testing.T) { spareSeatsHoldTheCap(t, capacity) })
+	}
+}
+
+func spareSeatsHoldTheCap(t *testing.T, capacity int) {
+	srv := redistest.Start(t)
+	key := uniqueKey(t)
+	const perService, rounds = 6, 40
+	// A parked task comes back when its token is let out.
+	var wakes sync.Map // token -> chan struct{}
+	wakeOf := func(token string) chan struct{} {
+		c, _ := wakes.LoadOrStore(token, make(chan struct{}, 1))
+		return c.(chan struct{})
+	}
+	onWake := func(o *semaphore.Options) {
+		o.OnWake = func(_ string, tokens []string) {
+			for _, tok := range tokens {
+				select {
+				case wakeOf(tok) <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}
+	var services []*semaphore.Service
+	for range 3 {
+		services = append(services, newService(t, srv.Client(), withSpares(perService), onWake))
+	}
+	var mu sync.Mutex
+	running, peak, done := 0, 0, 0
+	errs := make(chan error, len(services)*perService)
+	var wg sync.WaitGroup
+	for si, s := range services {
+		for g := range perService {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for r := range rounds {
+					token := strconv.Itoa(si) + "-" + strconv.Itoa(g) + "-" + strconv.Itoa(r)
+					e, err := s.Enter(context.Background(), key, capacity, token, roomOf(100), semaphore.WithAutoRenew())
+					for err == nil && e.Permit == nil && !e.Standby {
+						select {
+						case <-wakeOf(token):
+						case <-time.After(10 * time.Second):
+							errs <- errors.New("a parked task was not let out within 10s")
+							return
+						}
+						e, err = s.Enter(context.Background(), key, capacity, token, roomOf(100), semaphore.WithAutoRenew())
+					}
+					if err != nil {
+						errs <- err
+						return
+					}
+					p := e.Permit
+					if p == nil {
+						ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+						p, err = e.Wait(ctx)
+						cancel()
+						if err != nil {
+							errs <- err
+							return
+						}
+					}
+					if err := e.Settle(context.Background()); err != nil { // the task starts
+						errs <- err
+						return
+					}
+					mu.Lock()
+					running++
+					peak = max(peak, running)
+					mu.Unlock()
+					time.Sleep(time.Millisecond) // the work
+					mu.Lock()
+					running--
+					done++
+					mu.Unlock()
+					if err := p.Release(context.Background()); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if peak > capacity {
+		t.Fatalf("%d tasks held a seat at once, over the cap of %d", peak, capacity)
+	}
+	if want := len(services) * perService * rounds; done != want {
+		t.Fatalf("%d tasks ran, want %d", done, want)
+	}
+}
+
+// TestSpareSeatFences: a seat lent from spare seats draws a fence above
+// those granted before; once its spare seats are gone, its fence is 0.
+func TestSpareSeatFences(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newService(t, srv.Client(), withSpares(4))
+	key := uniqueKey(t)
+	opener := openSpares(t, s, key, 100)
+	lent := enterSeat(t, s, key, 100, "lent")
+	if lent.Fence() <= opener.Fence() {
+		t.Fatalf("lent seat's fence %d, not above the earlier %d", lent.Fence(), opener.Fence())
+	}
+	if again := lent.Fence(); again != lent.Fence() {
+		t.Fatalf("the fence changed between calls")
+	}
+	late := enterSeat(t, s, key, 100, "late")
+	if _, err := s.ForceReleaseAll(context.Background(), key); err != nil {
+		t.Fatal(err)
+	}
+	if f := late.Fence(); f != 0 {
+		t.Fatalf("a seat whose spare seats were force-released drew fence %d, want 0", f)
+	}
+}
+
+// TestSpareSeatsGoWithForceRelease: ForceReleaseAll takes spare seats
+// too; the tasks on them learn it at once (not at the next renewal, a
+// third of the 30 s lease away), their release says the seat was not
+// held, and no seat is lent from them again.
+func TestSpareSeatsGoWithForceRelease(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newService(t, srv.Client(), withSpares(4))
+	key := uniqueKey(t)
+	openSpares(t, s, key, 100)
+	lent := enterSeat(t, s, key, 100, "lent")
+	if _, err := s.ForceReleaseAll(context.Background(), key); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-lent.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a seat on force-released spare seats was not lost within 5s")
+	}
+	if err := lent.Release(context.Background()); !errors.Is(err, semaphore.ErrPermitNotHeld) {
+		t.Fatalf("release of a force-released lent seat: %v, want ErrPermitNotHeld", err)
+	}
+	p := enterSeat(t, s, key, 100, "after")
+	if n := used(t, s, key); n < 1 {
+		t.Fatalf("a seat taken after the force release is not held in Redis (used %d): lent from gone spare seats", n)
+	}
+	mustRelease(t, p)
+}
