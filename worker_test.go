@@ -224,6 +224,64 @@ func TestFleetCapHolds(t *testing.T) {
 	}
 }
 
+// TestFleetSpareSeatsHoldTheCap: a cap of 12 on a fleet of 18 slots. Fed
+// a few tasks at a time, it is far from full, so the workers take spare
+// seats (semaphore Options.SpareSeats) and lend them to their tasks in
+// memory; then a burst fills it: the spare seats are called back, the cap
+// holds and is reached, every task runs once, and none is archived.
+func TestFleetSpareSeatsHoldTheCap(t *testing.T) {
+	const capacity, trickle, burst = 12, 40, 200
+	f := startFleet(t, 3, 6, capYAML("requeue", capacity, "10s"))
+	ctx := context.Background()
+	sem, err := semaphore.New(f.srv.Client(), semaphore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+	sawSpare := false
+	// runUntil waits for n tasks done, sampling the holders of the cap.
+	runUntil := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(90 * time.Second)
+		for {
+			done, err := f.counters.Done(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if done >= n {
+				return
+			}
+			if err := f.procsAlive()(); err != nil {
+				t.Fatal(err)
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d of %d tasks done within 90s", done, n)
+			}
+			holders, err := sem.Holders(ctx, "probe-cap")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, h := range holders {
+				sawSpare = sawSpare || strings.HasPrefix(h.Label, "spare:")
+			}
+			time.Sleep(2 * time.Millisecond) // a sampling interval, not a wait for an outcome
+		}
+	}
+	for i := range trickle / 4 {
+		f.enqueue(4, 10)
+		runUntil(4 * (i + 1))
+	}
+	if !sawSpare {
+		t.Error("no worker held spare seats of a cap of 12 fed 4 tasks at a time")
+	}
+	f.enqueue(burst, 10)
+	runUntil(trickle + burst)
+	f.check(ctx, trickle+burst, capacity)
+	if runs, err := f.counters.Runs(ctx); err != nil || runs != trickle+burst {
+		t.Fatalf("%d runs of %d tasks (%v): a task ran twice or not at all", runs, trickle+burst, err)
+	}
+}
+
 // TestFleetSurvivesSIGKILL kills a worker that holds seats mid-run: its
 // seats lapse within their TTL, asynq recovers its tasks, every task
 // completes and the cap holds.
