@@ -2,6 +2,7 @@ package semaphore
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -51,9 +52,18 @@ type spareBlock struct {
 	permit   *Permit // the seats in Redis, auto-renewed; its weight is how many
 	capacity int     // the key's capacity they were taken under
 	used     int     // seats lent out; guarded by spareSeats.mu
+	lent     uint64  // seats lent so far, for their ids; guarded by spareSeats.mu
 	draining bool    // lends no more: seats go back as they free
 	idle     *time.Timer
 	shrinkMu sync.Mutex // one give-back call at a time
+}
+
+// live reports whether b's seats surely still hold: not lost, and renewed
+// lately enough that they cannot have lapsed on the store (a process that
+// was paused past its lease lends nothing until a renewal says so).
+func (b *spareBlock) live() bool {
+	p := b.permit
+	return !isDone(p.lost) && time.Now().Before(p.localDeadline().Add(-lostMargin(p.TTL())))
 }
 
 // spareWant is how many spare seats an Enter of req asks for with its
@@ -90,7 +100,7 @@ func (s *Service) lendSpare(req request) *Permit {
 		s.drainLocked(req.key, b)
 		return nil
 	}
-	if b.permit.weight()-b.used < req.cfg.seats || isDone(b.permit.lost) {
+	if b.permit.weight()-b.used < req.cfg.seats || !b.live() {
 		return nil
 	}
 	b.used += req.cfg.seats
@@ -98,7 +108,9 @@ func (s *Service) lendSpare(req request) *Permit {
 		b.idle.Stop()
 		b.idle = nil
 	}
-	p := s.newPermit(req, randomID(), b.permit.member, 0, time.Now(), time.Now())
+	b.lent++
+	// Its id: the spare seats' and a count (no random bytes to read).
+	p := s.newPermit(req, b.permit.id+"."+strconv.FormatUint(b.lent, 10), b.permit.member, 0, time.Now(), time.Now())
 	p.lost, p.markedLost = context.WithCancel(b.permit.lost)
 	p.from = b
 	return p
@@ -132,24 +144,23 @@ func (s *Service) returnSpare(ctx context.Context, p *Permit) (bool, error) {
 	sp := &s.spare
 	sp.mu.Lock()
 	b.used -= p.cfg.seats
-	lost := isDone(b.permit.lost) || !time.Now().Before(b.permit.localDeadline())
+	lost := !b.live()
 	if lost && sp.open[p.key] == b {
-		delete(sp.open, p.key)
+		s.drainLocked(p.key, b) // what is left goes back as it frees
 	}
 	keep, lending := b.used, !lost && !b.draining && sp.open[p.key] == b
 	if lending && keep == 0 && b.idle == nil {
 		b.idle = time.AfterFunc(spareIdle, func() { s.idleSpare(p.key, b) })
 	}
 	sp.mu.Unlock()
-	if lost {
-		return false, nil
-	}
 	if !lending {
-		if err := s.shrinkSpare(ctx, b, keep); err != nil {
+		// What it held goes back, also when it may be lost: a renewal
+		// that comes through later must not keep seats nobody uses.
+		if err := s.shrinkSpare(ctx, b, keep); err != nil && !lost {
 			return true, err
 		}
 	}
-	return true, nil
+	return !lost, nil
 }
 
 // idleSpare gives back b's seats once no task has used them for

@@ -327,3 +327,32 @@ func TestSpareSeatsGoWithForceRelease(t *testing.T) {
 	}
 	mustRelease(t, p)
 }
+
+// TestSpareSeatsStopLendingWithoutRenewals: once Redis is gone, the spare
+// seats' renewals fail, and within their lease the Service lends none:
+// an Enter then asks the store, and fails.
+func TestSpareSeatsStopLendingWithoutRenewals(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newService(t, srv.Client(), withSpares(4), func(o *semaphore.Options) { o.DefaultTTL = 600 * time.Millisecond })
+	key := uniqueKey(t)
+	openSpares(t, s, key, 100)
+	srv.Kill()
+	killed := time.Now()
+	var lent []*semaphore.Permit
+	lastLent := killed
+	waitfor.Condition(t, 10*time.Second, "an Enter that asks the dead store", func() bool {
+		e, err := s.Enter(context.Background(), key, 100, "after", roomOf(4), semaphore.WithAutoRenew())
+		if err == nil && e.Permit != nil {
+			lent = append(lent, e.Permit)
+			lastLent = time.Now()
+			return false
+		}
+		return err != nil
+	})
+	if took := lastLent.Sub(killed); took > 600*time.Millisecond {
+		t.Fatalf("a seat was lent %s after Redis went away, past the spare seats' 600ms lease", took)
+	}
+	for _, p := range lent {
+		_ = p.Release(context.Background()) // the store is gone: the seats lapse
+	}
+}
