@@ -174,6 +174,11 @@ func (t *Table) For(taskType string, payload []byte, sizes Sizes) ([]Limit, erro
 		l.size(sizes)
 		out = append(out, l)
 	}
+	if len(out) < 2 {
+		// The common case, one limit: no sort, whose generic frames
+		// would grow the handler goroutine's stack for every task.
+		return out, nil
+	}
 	slices.SortFunc(out, func(a, b Limit) int { return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Key, b.Key)) })
 	merged := out[:0]
 	for _, l := range out {
