@@ -71,7 +71,7 @@ func (b *spareBlock) live() bool {
 // waits in a fair line, when the key's spare seats are open already, or
 // when this Service's channel is not confirmed (it starts listening).
 func (s *Service) spareWant(req request) int {
-	if s.spare.max == 0 || !req.cfg.autoRenew || req.cfg.share != "" || req.capacity < 4 {
+	if !s.spareFits(req) || req.capacity < 4 {
 		return 0
 	}
 	s.spare.mu.Lock()
@@ -83,9 +83,16 @@ func (s *Service) spareWant(req request) int {
 	return s.spare.max
 }
 
+// spareFits reports whether req's seat may come from spare seats: spares
+// are on, and the seat is auto-renewed (as they are) and waits in no fair
+// line.
+func (s *Service) spareFits(req request) bool {
+	return s.spare.max > 0 && req.cfg.autoRenew && req.cfg.share == ""
+}
+
 // lendSpare lends req a seat of its key's spare seats, or returns nil.
 func (s *Service) lendSpare(req request) *Permit {
-	if s.spare.max == 0 || !req.cfg.autoRenew || req.cfg.share != "" {
+	if !s.spareFits(req) {
 		return nil
 	}
 	sp := &s.spare

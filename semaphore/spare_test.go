@@ -361,3 +361,22 @@ func TestSpareSeatsStopLendingWithoutRenewals(t *testing.T) {
 		_ = p.Release(context.Background()) // the store is gone: the seats lapse
 	}
 }
+
+// TestSpareSeatsGoBackAtClose: Close gives back the spare seats no task
+// uses before it returns; a seat still held stays held.
+func TestSpareSeatsGoBackAtClose(t *testing.T) {
+	srv := redistest.Start(t)
+	s, err := semaphore.New(srv.Client(), semaphore.Options{SpareSeats: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := uniqueKey(t)
+	opener := openSpares(t, s, key, 100)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := used(t, s, key); n != 1 {
+		t.Fatalf("after Close %d seats are used, want the opener's only", n)
+	}
+	mustRelease(t, opener)
+}
