@@ -111,6 +111,7 @@ type Route struct {
 	token string // its token in the rooms
 	waits bool
 	kept  []Limit // the caps that keep a place for it
+	fresh bool    // its ID was made for it: its token is new to the rooms
 }
 
 // Waits reports whether the task waits in a room: enqueue it with Options,
@@ -141,7 +142,7 @@ func (r Route) Header() (string, string) { return WaitsForHeader, r.cap.Key }
 // Park puts the waiting task, enqueued, in its room; it is let out at once
 // when a place freed meanwhile.
 func (r Route) Park(ctx context.Context) error {
-	return r.g.sem.Park(ctx, r.cap.Key, r.cap.Capacity, r.token, capRoom(r.cap, r.g.cfg.Worker.ParkedRetry), r.cap.lineOptions()...)
+	return r.g.sem.Park(ctx, r.cap.Key, r.cap.Capacity, r.token, capRoom(r.cap, r.g.cfg.Worker.ParkedRetry), r.cap.tokenOptions(r.fresh)...)
 }
 
 // FullError is returned by Gate.Route for a task whose cap has no place
@@ -160,14 +161,16 @@ func (e *FullError) Error() string {
 }
 
 // Route decides where the task of taskType with payload, to be enqueued on
-// queue with ID id, waits. A type without caps goes to its queue. When a
+// queue with ID id, waits; fresh says that id was made for this task just
+// now (no task had it before), which saves looking for its token in the
+// rooms. A type without caps goes to its queue. When a
 // cap with max_waiting has no place for the task and its key already has
 // that many tasks waiting, Route gives back the places it kept and returns
 // a *FullError. The bound is checked, not reserved: the count is read
 // after the place was refused, so producers routing at the same moment
 // may overshoot it by their number; and a task given a standby place goes
 // to its queue without the check (the standby budget bounds those).
-func (g *Gate) Route(ctx context.Context, taskType string, payload []byte, queue, id string) (Route, error) {
+func (g *Gate) Route(ctx context.Context, taskType string, payload []byte, queue, id string, fresh bool) (Route, error) {
 	if !g.table.Capped(taskType) {
 		return Route{}, nil
 	}
@@ -184,7 +187,7 @@ func (g *Gate) Route(ctx context.Context, taskType string, payload []byte, queue
 	caps := slices.DeleteFunc(limits, func(l Limit) bool { return l.Kind != KindCap })
 	token := Token{Queue: queue, ID: id}.String()
 	for i, l := range caps {
-		ok, err := g.sem.Reserve(ctx, l.Key, l.Capacity, token, capRoom(l, g.cfg.Worker.ParkedRetry), l.lineOptions()...)
+		ok, err := g.sem.Reserve(ctx, l.Key, l.Capacity, token, capRoom(l, g.cfg.Worker.ParkedRetry), l.tokenOptions(fresh)...)
 		if err == nil && ok {
 			continue
 		}
@@ -198,7 +201,7 @@ func (g *Gate) Route(ctx context.Context, taskType string, payload []byte, queue
 		if err != nil {
 			return Route{}, err
 		}
-		return Route{g: g, cap: l, token: token, waits: true}, nil
+		return Route{g: g, cap: l, token: token, waits: true, fresh: fresh}, nil
 	}
 	return Route{g: g, token: token, kept: caps}, nil
 }

@@ -232,6 +232,16 @@ func (l Limit) lineOptions() []semaphore.AcquireOption {
 	return []semaphore.AcquireOption{semaphore.WithShare(l.Share, max(l.ShareWeight, 1))}
 }
 
+// tokenOptions are lineOptions, and WithNewToken for a token that is new
+// to the rooms (fresh).
+func (l Limit) tokenOptions(fresh bool) []semaphore.AcquireOption {
+	opts := l.lineOptions()
+	if fresh {
+		opts = append(opts, semaphore.WithNewToken())
+	}
+	return opts
+}
+
 // size sets the size in force of l's key.
 func (l *Limit) size(sizes Sizes) {
 	switch l.Kind {

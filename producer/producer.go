@@ -263,11 +263,12 @@ func (p *Producer) enqueue(ctx context.Context, pl *plan, payload []byte, header
 		return p.client.EnqueueContext(ctx, asynq.NewTaskWithHeaders(pl.taskType, payload, headers), opts...)
 	}
 	id := taskIDOf(opts)
-	if id == "" {
+	fresh := id == ""
+	if fresh {
 		id = uuid.NewString()
 		opts = append(slices.Clip(opts), asynq.TaskID(id))
 	}
-	route, err := p.gate.Route(ctx, pl.taskType, payload, pl.queue, id)
+	route, err := p.gate.Route(ctx, pl.taskType, payload, pl.queue, id, fresh)
 	if fe := (*admission.FullError)(nil); errors.As(err, &fe) {
 		return nil, markedError{ErrFull, err}
 	}

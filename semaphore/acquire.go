@@ -162,7 +162,7 @@ func (s *Service) newRequest(key string, permits int, cfg acquireConfig) request
 func (s *Service) ask(req request, w *waiter, mode string, extra ...any) (*Permit, reply, error) {
 	args := s.settleArgs(req.key, append([]any{"mode", mode, "capacity", req.capacity, "id", w.id, "label", req.cfg.holder,
 		"ttl", req.cfg.ttl.Milliseconds(), "seats", req.cfg.seats, "token", w.token, "procttl", presenceTTL.Milliseconds()},
-		append(req.cfg.shareArgs(), extra...)...)...)
+		append(req.cfg.lineArgs(), extra...)...)...)
 	sent := time.Now()
 	var rep reply
 	var err error

@@ -18,6 +18,7 @@ type acquireConfig struct {
 	share       string        // its fair-share value (WithShare); "" for none
 	shareWeight int           // that value's weight
 	roomTTL     time.Duration // how long the waiting room's keys outlive a call (Enter)
+	newToken    bool          // the token was never in the room (WithNewToken)
 	err         error
 }
 
@@ -105,12 +106,26 @@ func WithShare(value string, weight int) AcquireOption {
 	}
 }
 
-// shareArgs are the script arguments of c's fair share, if it has one.
-func (c acquireConfig) shareArgs() []any {
-	if c.share == "" {
-		return nil
+// WithNewToken tells Reserve and Park that their token was never in the
+// key's waiting room (its task's ID was made just now): the room takes it
+// as new without looking for an arrival it kept, or for the places it may
+// hold, a few commands fewer a call. Leave it out for a token that may
+// have waited before.
+func WithNewToken() AcquireOption {
+	return func(c *acquireConfig) { c.newToken = true }
+}
+
+// lineArgs are the script arguments that place c's token in line: its
+// fair share, if it has one, and whether it is new (WithNewToken).
+func (c acquireConfig) lineArgs() []any {
+	var args []any
+	if c.share != "" {
+		args = append(args, "share", c.share, "shareweight", c.shareWeight)
 	}
-	return []any{"share", c.share, "shareweight", c.shareWeight}
+	if c.newToken {
+		args = append(args, "new", "1")
+	}
+	return args
 }
 
 // acquireConfig reads the options of a call for a permit of key, a

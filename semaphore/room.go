@@ -240,7 +240,7 @@ func (s *Service) Park(ctx context.Context, key string, permits int, token strin
 		return err
 	}
 	args := append(room.args(), "token", token, "capacity", permits)
-	rep, err := s.runNamed(ctx, parkScript, s.keysFor(key), s.settleArgs(key, append(args, cfg.shareArgs()...)...)...)
+	rep, err := s.runNamed(ctx, parkScript, s.keysFor(key), s.settleArgs(key, append(args, cfg.lineArgs()...)...)...)
 	if err != nil {
 		return fmt.Errorf("semaphore: park on %q: %w", key, err)
 	}

@@ -19,6 +19,8 @@
 --   seats     how many seats it takes (its weight; 1 when absent)
 --   share, shareweight   its fair-share value and that value's weight (a
 --             fair key, see room.lua), when it has one
+--   new       '1': the token was never in the room (reserve; see
+--             WithNewToken), so it is not looked for
 --   token     the asker's token (join, enter, reserve)
 --   channel   the asker's process; prefix: the channels' prefix; key: the
 --             semaphore's key, named in seat messages
@@ -40,7 +42,7 @@
 --
 -- Reply, name/value pairs: outcome (seat | standby | waiting | parked |
 -- full), now (ms), arrival (the token's, µs), earliest (the soonest lease
--- expiry, ms, when no seat was given; 0 for none), free (seats still
+-- expiry, ms, when the asker waits or stands by; 0 else), free (seats still
 -- free), fence (the seat's fencing token, see nextFence; '0' without a
 -- seat), kept (1 when a seat kept the token's standby place: settle it
 -- once the task starts, settle.lua), spared (the spare seats taken
@@ -51,6 +53,7 @@
 
 local a = args()
 local mode, token, capacity = a.mode, a.token or '', tonumber(a.capacity)
+if mode ~= 'reserve' then a.new = nil end
 local seats = tonumber(a.seats or '1')
 
 -- slot is a waiting token's slots entry (see room.lua).
@@ -63,8 +66,10 @@ local roomed = occupied()
 if mode == 'enter' or mode == 'reserve' then
   roomed = roomed or redis.call('EXISTS', KEYS[9]) == 1
 end
-local arrival, fresh = nowus, true
-if token ~= '' and (roomed or (a.share or '') ~= '') then arrival, fresh = arrivalOf(token, nowus, a) end
+-- inPlace: the token holds a standby place (it was let out, and its task
+-- is here).
+local arrival, fresh, inPlace = nowus, true, false
+if token ~= '' and (roomed or (a.share or '') ~= '') then arrival, fresh, inPlace = arrivalOf(token, nowus, a) end
 -- keep records a new token's virtual arrival, for a fair key, once it is
 -- kept in the room.
 local function keep()
@@ -117,8 +122,7 @@ elseif free >= seats and not blocked and mode ~= 'reserve' then
     -- A task that holds a standby place keeps it until it starts (its
     -- caller settles it), so that the slots holding a task that does not
     -- run never outnumber the places; any other leaves the room now.
-    if redis.call('ZSCORE', KEYS[6], token) then
-      redis.call('ZREM', KEYS[5], token)
+    if inPlace then
       kept = 1
     else
       forget(token)
@@ -144,7 +148,7 @@ elseif mode == 'join' then
   outcome = 'waiting'
 elseif mode == 'enter' or mode == 'reserve' then
   local budget = tonumber(a.budget)
-  local placed = redis.call('ZSCORE', KEYS[6], token)
+  local placed = inPlace
   if not placed and capacity > 0 then
     local first = redis.call('ZRANGE', KEYS[5], 0, 0)
     local nobodyFirst = #first == 0 or first[1] == token
@@ -156,10 +160,13 @@ elseif mode == 'enter' or mode == 'reserve' then
     outcome = 'standby'
     local lease = tonumber(a.transit)
     if mode == 'enter' then lease = tonumber(a.hold) end
-    redis.call('ZREM', KEYS[5], token)
-    redis.call('ZREM', KEYS[9], token)
+    if not inPlace and not fresh then
+      -- Parked, or aside: it leaves for its place.
+      redis.call('ZREM', KEYS[5], token)
+      redis.call('ZREM', KEYS[9], token)
+    end
     redis.call('ZADD', KEYS[6], now + lease, token)
-    redis.call('HSETNX', KEYS[7], token, arrival)
+    if not inPlace then redis.call('HSET', KEYS[7], token, arrival) end
     keep()
     redis.call('PEXPIRE', KEYS[6], a.keyttl)
     redis.call('PEXPIRE', KEYS[7], a.keyttl)
@@ -178,11 +185,15 @@ elseif mode == 'enter' or mode == 'reserve' then
     redis.call('PEXPIRE', KEYS[5], a.keyttl)
   end
 end
-if a.wake == '1' and (roomed or outcome ~= 'seat') then woken = admit(now, free) end
+-- A producer's task refused a place parks next (park.lua), which lets
+-- tokens out and recalls the spare seats: nothing of that here.
+local refused = mode == 'reserve' and outcome ~= 'standby'
+if a.wake == '1' and (roomed or outcome ~= 'seat') and not refused then woken = admit(now, free) end
 
 local earliest = 0
-if outcome ~= 'seat' then
-  recallSpares(a.prefix or '', a.key or '')
+if outcome ~= 'seat' and not refused then recallSpares(a.prefix or '', a.key or '') end
+if outcome == 'waiting' or outcome == 'standby' then
+  -- The waiter's process rechecks when the soonest lease runs out.
   local e = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   if #e > 0 then earliest = tonumber(e[2]) end
 end

@@ -4,7 +4,7 @@
 --
 -- KEYS: those of room.lua
 -- ARGV, name/value pairs: token, capacity, budget, transit, keyttl, wake,
---   share, shareweight, prefix, key (see acquire.lua)
+--   share, shareweight, new, prefix, key (see acquire.lua)
 --
 -- Reply, name/value pairs: woken (tokens let out).
 
@@ -14,7 +14,7 @@ redis.call('HSET', KEYS[8], 'capacity', a.capacity, 'budget', a.budget, 'transit
 redis.call('PEXPIRE', KEYS[8], a.keyttl)
 local nowus = micros(t)
 local arrival, fresh = arrivalOf(a.token, nowus, a)
-park(a.token, arrival)
+park(a.token, arrival, fresh and a.new == '1')
 recallSpares(a.prefix or '', a.key or '')
 if fresh then noteShare(a, a.token, arrival, nowus) end
 redis.call('PEXPIRE', KEYS[5], a.keyttl)

@@ -172,10 +172,15 @@ local function forget(token)
   if not occupied() then redis.call('DEL', KEYS[8], KEYS[11], KEYS[12]) end
 end
 
--- knownArrival is a token's place in line when it waits or stepped aside.
+-- knownArrival is a token's place in line when it waits or stepped aside,
+-- and whether it holds a standby place (true: its arrival is in since,
+-- which keeps those of the tokens in places, and of no others).
 local function knownArrival(token)
-  return redis.call('ZSCORE', KEYS[5], token) or redis.call('HGET', KEYS[7], token)
-    or redis.call('ZSCORE', KEYS[2], token) or redis.call('ZSCORE', KEYS[9], token)
+  local at = redis.call('ZSCORE', KEYS[5], token)
+  if at then return at, false end
+  at = redis.call('HGET', KEYS[7], token)
+  if at then return at, true end
+  return redis.call('ZSCORE', KEYS[2], token) or redis.call('ZSCORE', KEYS[9], token), false
 end
 
 -- shareArrival is the virtual arrival of a new token of share value
@@ -194,10 +199,13 @@ end
 -- arrivalOf is a token's place in line: its arrival when it waits or
 -- stepped aside; else, for a new token, nowus, or its virtual arrival when
 -- it asks with a share value (a.share; a may be nil). The second result
--- is true for a new token.
+-- is true for a new token, the third when it holds a standby place. A
+-- token its caller says is new (a.new '1', see WithNewToken) is not looked
+-- for.
 local function arrivalOf(token, nowus, a)
-  local known = knownArrival(token)
-  if known then return known, false end
+  local known, placed = nil, false
+  if not (a and a.new == '1') then known, placed = knownArrival(token) end
+  if known then return known, false, placed end
   if a and (a.share or '') ~= '' then return shareArrival(a, nowus), true end
   return nowus, true
 end
@@ -236,8 +244,13 @@ local function stepAside(token, nowus)
 end
 
 -- park puts a token among the parked with its arrival, out of any slot
--- and place (its wait in a slot ended, or it never had one).
-local function park(token, arrival)
+-- and place (its wait in a slot ended, or it never had one: new, and in
+-- none of them).
+local function park(token, arrival, new)
+  if new then
+    redis.call('ZADD', KEYS[5], 'NX', arrival, token)
+    return
+  end
   redis.call('ZREM', KEYS[2], token)
   redis.call('HDEL', KEYS[3], token)
   if redis.call('ZREM', KEYS[6], token) > 0 then redis.call('HDEL', KEYS[7], token) end
@@ -368,9 +381,10 @@ end
 -- settle runs after any change of seats: it gives the free seats to the
 -- tokens waiting in a process, then lets parked tokens out for the places
 -- and seats left (only when the caller brings tasks back: wake is '1').
--- It returns the caller's grants and the tokens let out.
-local function settle(now, t, capacity, a)
-  if not occupied() then return {}, {} end
+-- It returns the caller's grants and the tokens let out. A caller that
+-- just found somebody waiting says so (known), for one command less.
+local function settle(now, t, capacity, a, known)
+  if not known and not occupied() then return {}, {} end
   local free = -1 -- a capacity of -1: each waiter's own
   if capacity >= 0 then free = math.max(capacity - liveHolders(now), 0) end
   local own
