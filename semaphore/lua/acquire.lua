@@ -154,8 +154,7 @@ elseif mode == 'enter' or mode == 'reserve' then
     local nobodyFirst = #first == 0 or first[1] == token
     placed = nobodyFirst and redis.call('ZCARD', KEYS[6]) < math.max(budget, free)
   end
-  redis.call('HSET', KEYS[8], 'capacity', capacity, 'budget', budget, 'transit', a.transit, 'keyttl', a.keyttl)
-  redis.call('PEXPIRE', KEYS[8], a.keyttl)
+  noteRoom(a, now)
   if placed then
     outcome = 'standby'
     local lease = tonumber(a.transit)
@@ -186,9 +185,10 @@ elseif mode == 'enter' or mode == 'reserve' then
   end
 end
 -- A producer's task refused a place parks next (park.lua), which lets
--- tokens out and recalls the spare seats: nothing of that here.
+-- tokens out and recalls the spare seats: nothing of that here. A token
+-- that holds its place keeps it: no place freed for another to be let out.
 local refused = mode == 'reserve' and outcome ~= 'standby'
-if a.wake == '1' and (roomed or outcome ~= 'seat') and not refused then woken = admit(now, free) end
+if a.wake == '1' and (roomed or outcome ~= 'seat') and not refused and not inPlace then woken = admit(now, free) end
 
 local earliest = 0
 if outcome ~= 'seat' and not refused then recallSpares(a.prefix or '', a.key or '') end

@@ -19,8 +19,7 @@
 local a = args()
 local now, t = clock()
 if not occupied() then return {'granted', {}, 'woken', {}, 'audit', {}} end
-redis.call('HSET', KEYS[8], 'capacity', a.capacity, 'budget', a.budget, 'transit', a.transit, 'keyttl', a.keyttl)
-redis.call('PEXPIRE', KEYS[8], a.keyttl)
+noteRoom(a, now)
 local audit = {}
 local every = tonumber(a.audit)
 if every > 0 and tonumber(redis.call('HGET', KEYS[8], 'auditat') or '0') <= now then

@@ -10,8 +10,7 @@
 
 local a = args()
 local now, t = clock()
-redis.call('HSET', KEYS[8], 'capacity', a.capacity, 'budget', a.budget, 'transit', a.transit, 'keyttl', a.keyttl)
-redis.call('PEXPIRE', KEYS[8], a.keyttl)
+noteRoom(a, now)
 local nowus = micros(t)
 local arrival, fresh = arrivalOf(a.token, nowus, a)
 park(a.token, arrival, fresh and a.new == '1')

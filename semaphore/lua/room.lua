@@ -35,7 +35,8 @@
 -- KEYS[7] since    HASH token -> arrival (server µs), of tokens in places
 -- KEYS[8] room     HASH capacity, budget (standby places), transit (ms a
 --                  place waits for its task to show up), keyttl (ms the
---                  room's keys outlive their last use), auditat
+--                  room's keys outlive their last use), sig (see
+--                  noteRoom), auditat
 -- KEYS[9] aside    ZSET token -> arrival (server µs): tokens that left for
 --                  a while but keep their place for when their task comes
 --                  back (it waits for another cap, or its queue is
@@ -382,16 +383,32 @@ end
 -- tokens waiting in a process, then lets parked tokens out for the places
 -- and seats left (only when the caller brings tasks back: wake is '1').
 -- It returns the caller's grants and the tokens let out. A caller that
--- just found somebody waiting says so (known), for one command less.
-local function settle(now, t, capacity, a, known)
+-- just found somebody waiting says so (known), for one command less; one
+-- that freed seats and no place (seatsOnly) lets nobody out once the seats
+-- went to the waiting: the places are as full as they were.
+local function settle(now, t, capacity, a, known, seatsOnly)
   if not known and not occupied() then return {}, {} end
   local free = -1 -- a capacity of -1: each waiter's own
   if capacity >= 0 then free = math.max(capacity - liveHolders(now), 0) end
   local own
   own, free = grant(now, t, free, a.channel or '', a.prefix or '', a.key or '')
   local out = {}
-  if a.wake == '1' then out = admit(now, math.max(free, 0)) end
+  if a.wake == '1' and not (seatsOnly and free == 0) then out = admit(now, math.max(free, 0)) end
   return own, out
+end
+
+-- noteRoom tells the room its settings (a.capacity, a.budget, a.transit,
+-- a.keyttl) and keeps its key alive. It writes them only when they
+-- changed, and renews the key four times a keyttl: one command in the
+-- common case (sig, the settings and the quarter of keyttl they were last
+-- written in, says whether they are current).
+local function noteRoom(a, now)
+  local keyttl = tonumber(a.keyttl)
+  local sig = a.capacity .. ':' .. a.budget .. ':' .. a.transit .. ':' .. a.keyttl .. ':'
+    .. math.floor(now / math.max(math.floor(keyttl / 4), 1))
+  if redis.call('HGET', KEYS[8], 'sig') == sig then return end
+  redis.call('HSET', KEYS[8], 'capacity', a.capacity, 'budget', a.budget, 'transit', a.transit, 'keyttl', a.keyttl, 'sig', sig)
+  redis.call('PEXPIRE', KEYS[8], keyttl)
 end
 
 -- roomCapacity is the capacity the room was last told of, or fallback.
