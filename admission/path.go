@@ -406,11 +406,15 @@ func (a *Admitter) release(ctx context.Context, key string, p *semaphore.Permit)
 
 // takeTokens takes the tokens of every rate limit of a task, or none: it
 // peeks at all first, so that a limit with no token spends nobody's, and
-// gives back what it took when a take fails after its peek. It returns the
+// gives back what it took when a take fails after its peek. One limit alone
+// is not peeked at: a take that is refused spends nothing. It returns the
 // first limit with no token and how long until its tokens are due, or nil
 // when the task may run.
 func (a *Admitter) takeTokens(ctx context.Context, rates []Limit) (*Limit, time.Duration, error) {
 	for i, r := range rates {
+		if len(rates) == 1 {
+			break
+		}
 		res, err := a.Limiter.Peek(ctx, r.Key, r.Rate, r.Spec.Rate.Cost)
 		if err != nil {
 			return nil, 0, err
