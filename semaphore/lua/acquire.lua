@@ -62,7 +62,8 @@ local function slot(x)
 end
 local now, t = clock()
 local nowus = micros(t)
-local roomed = occupied()
+local waitedFor = occupied()
+local roomed = waitedFor
 if mode == 'enter' or mode == 'reserve' then
   roomed = roomed or redis.call('EXISTS', KEYS[9]) == 1
 end
@@ -191,7 +192,10 @@ local refused = mode == 'reserve' and outcome ~= 'standby'
 if a.wake == '1' and (roomed or outcome ~= 'seat') and not refused and not inPlace then woken = admit(now, free) end
 
 local earliest = 0
-if outcome ~= 'seat' and not refused then recallSpares(a.prefix or '', a.key or '') end
+-- Spare seats are lent only while nobody waits, and the call that finds
+-- the key full while nobody waits recalls them (so does park.lua): while
+-- somebody waits, there are none to recall.
+if outcome ~= 'seat' and not refused and not waitedFor then recallSpares(a.prefix or '', a.key or '') end
 if outcome == 'waiting' or outcome == 'standby' then
   -- The waiter's process rechecks when the soonest lease runs out.
   local e = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
