@@ -380,3 +380,29 @@ func TestSpareSeatsGoBackAtClose(t *testing.T) {
 	}
 	mustRelease(t, opener)
 }
+
+// TestSpareSeatsGoBackWhenTheSeatChannelIsLost: a Service whose seat
+// channel is cut could miss the message that recalls its spare seats, so
+// it gives back those no task uses at once; a lent seat still held stays
+// held.
+func TestSpareSeatsGoBackWhenTheSeatChannelIsLost(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newService(t, srv.Client(), withSpares(8))
+	key := uniqueKey(t)
+	opener := openSpares(t, s, key, 100)
+	// A lent seat held throughout keeps the spare seats from idling back:
+	// only the lost channel may bring them back here.
+	anchor := enterSeat(t, s, key, 100, "anchor")
+	if n := used(t, s, key); n != 9 {
+		t.Fatalf("used seats = %d, want the opener's and 8 spare", n)
+	}
+	if err := srv.Client().ClientKillByFilter(context.Background(), "TYPE", "pubsub").Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitfor.Condition(t, 5*time.Second, "the unused spare seats given back", func() bool { return used(t, s, key) == 2 })
+	mustRelease(t, anchor)
+	mustRelease(t, opener)
+	if n := used(t, s, key); n != 0 {
+		t.Fatalf("used seats = %d after every seat was released", n)
+	}
+}
