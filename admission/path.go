@@ -411,10 +411,11 @@ func (a *Admitter) release(ctx context.Context, key string, p *semaphore.Permit)
 // first limit with no token and how long until its tokens are due, or nil
 // when the task may run.
 func (a *Admitter) takeTokens(ctx context.Context, rates []Limit) (*Limit, time.Duration, error) {
-	for i, r := range rates {
-		if len(rates) == 1 {
-			break
-		}
+	peeks := rates
+	if len(rates) == 1 {
+		peeks = nil
+	}
+	for i, r := range peeks {
 		res, err := a.Limiter.Peek(ctx, r.Key, r.Rate, r.Spec.Rate.Cost)
 		if err != nil {
 			return nil, 0, err

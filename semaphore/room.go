@@ -206,8 +206,10 @@ func (e *Entry) Park(ctx context.Context) error {
 // Reserve asks for a standby place of key for a task that is not in a slot
 // yet (a producer's new task): true when it got one and the task may go
 // straight to its queue; false when the task should wait in the room:
-// enqueue it where it is not dequeued, then Park its token. Of opts,
-// WithShare places a new token on a fair key.
+// enqueue it where it is not dequeued, then Park its token (a refused
+// Reserve lets nobody out of the room and recalls no spare seats: the Park
+// does). Of opts, WithShare places a new token on a fair key, and
+// WithNewToken saves looking for a token that never waited.
 func (s *Service) Reserve(ctx context.Context, key string, permits int, token string, room Room, opts ...AcquireOption) (bool, error) {
 	if err := s.checkRoomCall(key, permits, token, room); err != nil {
 		return false, err

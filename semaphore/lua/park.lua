@@ -13,7 +13,7 @@ local now, t = clock()
 noteRoom(a, now)
 local nowus = micros(t)
 local arrival, fresh = arrivalOf(a.token, nowus, a)
-park(a.token, arrival, fresh and a.new == '1')
+park(a.token, arrival, a.new == '1')
 recallSpares(a.prefix or '', a.key or '')
 if fresh then noteShare(a, a.token, arrival, nowus) end
 redis.call('PEXPIRE', KEYS[5], a.keyttl)

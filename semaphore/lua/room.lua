@@ -161,16 +161,26 @@ local function occupied()
   return redis.call('EXISTS', KEYS[2], KEYS[5], KEYS[6]) > 0
 end
 
+-- forgetPlaced takes a token that neither waits in a process nor is
+-- parked out of the room for good: its place, its arrival kept aside, a
+-- fair key's note of its real arrival. An empty room keeps no key; it
+-- reports whether anybody still waits.
+local function forgetPlaced(token)
+  if redis.call('ZREM', KEYS[6], token) > 0 then redis.call('HDEL', KEYS[7], token) end
+  redis.call('ZREM', KEYS[9], token)
+  redis.call('HDEL', KEYS[12], token)
+  if occupied() then return true end
+  redis.call('DEL', KEYS[8], KEYS[11], KEYS[12])
+  return false
+end
+
 -- forget takes a token out of the room for good: its task took a seat, or
 -- no longer waits. An empty room keeps no key.
 local function forget(token)
   redis.call('ZREM', KEYS[2], token)
   redis.call('HDEL', KEYS[3], token)
   redis.call('ZREM', KEYS[5], token)
-  if redis.call('ZREM', KEYS[6], token) > 0 then redis.call('HDEL', KEYS[7], token) end
-  redis.call('ZREM', KEYS[9], token)
-  redis.call('HDEL', KEYS[12], token)
-  if not occupied() then redis.call('DEL', KEYS[8], KEYS[11], KEYS[12]) end
+  forgetPlaced(token)
 end
 
 -- knownArrival is a token's place in line when it waits or stepped aside,
