@@ -260,6 +260,46 @@ func TestRoomPlaces(t *testing.T) {
 	}
 }
 
+// TestNewTokensWaitInArrivalOrder: a producer's tokens reserved and parked
+// as new (WithNewToken) wait behind those that came before them, and are
+// let out first come first served.
+func TestNewTokensWaitInArrivalOrder(t *testing.T) {
+	srv := redistest.Start(t)
+	woken := make(wakeLog, 16)
+	s := newService(t, srv.Client(), woken.option)
+	ctx := context.Background()
+	key := uniqueKey(t)
+	room := roomOf(1)
+	holder := enter(t, s, key, 1, "holder", room)
+	if holder.Permit == nil {
+		t.Fatal("no seat")
+	}
+	if e := enter(t, s, key, 1, "a", room); !e.Standby {
+		t.Fatal("a has no standby place")
+	}
+	for _, token := range []string{"p1", "p2"} {
+		if ok, err := s.Reserve(ctx, key, 1, token, room, semaphore.WithNewToken()); err != nil || ok {
+			t.Fatalf("Reserve %s with the only place taken = %v, %v", token, ok, err)
+		}
+		if err := s.Park(ctx, key, 1, token, room, semaphore.WithNewToken()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	woken.none(t)
+	// The place's holder goes each time: the next new token takes it.
+	for _, step := range []struct{ gone, next string }{{"a", "p1"}, {"p1", "p2"}} {
+		if err := s.Dismiss(ctx, key, step.gone); err != nil {
+			t.Fatal(err)
+		}
+		if token := woken.next(t); token != step.next {
+			t.Fatalf("let out %q after %s left, want %s", token, step.gone, step.next)
+		}
+	}
+	if err := holder.Permit.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestForceReleaseLetsTokensOut: a force-release lets tokens out for the
 // seats it frees, so parked work does not wait for its safety net.
 func TestForceReleaseLetsTokensOut(t *testing.T) {
