@@ -173,6 +173,21 @@ func TestStandbyBudgetIsFleetWide(t *testing.T) {
 	}
 }
 
+// fillWithOneStandingBy fills key, a semaphore of one seat, with a holder
+// and a token "a" standing by in room's one place, and returns the
+// holder's Entry.
+func fillWithOneStandingBy(t *testing.T, s *semaphore.Service, key string, room semaphore.Room) *semaphore.Entry {
+	t.Helper()
+	holder := enter(t, s, key, 1, "holder", room)
+	if holder.Permit == nil {
+		t.Fatal("no seat")
+	}
+	if e := enter(t, s, key, 1, "a", room); !e.Standby {
+		t.Fatal("a has no standby place")
+	}
+	return holder
+}
+
 // TestRoomPlaces: a stand-by that gives up goes back to the room ahead of
 // later tokens; a place that lapses goes back too (Admit lets it out
 // again); Dismiss hands a place on; Reserve promises a place to a task not
@@ -185,13 +200,7 @@ func TestRoomPlaces(t *testing.T) {
 	ctx := context.Background()
 	key := uniqueKey(t)
 	room := roomOf(1)
-	holder := enter(t, s, key, 1, "holder", room)
-	if holder.Permit == nil {
-		t.Fatal("no seat")
-	}
-	if e := enter(t, s, key, 1, "a", room); !e.Standby {
-		t.Fatal("a has no standby place")
-	}
+	holder := fillWithOneStandingBy(t, s, key, room)
 	if e := enter(t, s, key, 1, "b", room); e.Standby {
 		t.Fatal("b stands by beyond the budget")
 	}
@@ -270,13 +279,7 @@ func TestNewTokensWaitInArrivalOrder(t *testing.T) {
 	ctx := context.Background()
 	key := uniqueKey(t)
 	room := roomOf(1)
-	holder := enter(t, s, key, 1, "holder", room)
-	if holder.Permit == nil {
-		t.Fatal("no seat")
-	}
-	if e := enter(t, s, key, 1, "a", room); !e.Standby {
-		t.Fatal("a has no standby place")
-	}
+	holder := fillWithOneStandingBy(t, s, key, room)
 	for _, token := range []string{"p1", "p2"} {
 		if ok, err := s.Reserve(ctx, key, 1, token, room, semaphore.WithNewToken()); err != nil || ok {
 			t.Fatalf("Reserve %s with the only place taken = %v, %v", token, ok, err)
