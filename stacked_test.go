@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 
 	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
 	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
+	"github.com/fleetcap/fleetcap/semaphore"
 )
 
 // TestStackedCapsKeepTheirPlace: a task with a shared cap and a tenant cap
@@ -96,4 +98,70 @@ tasks:
 	if at := slices.Index(order, "x"); at > 3 {
 		t.Errorf("x's job, first to wait for the shared seat, started after %d jobs that came after it (%v); it should come back to its place, after y1 and y2 at most", at-1, order)
 	}
+}
+
+// TestStandingByForOneCapHoldsNoPlaceOnAnother: a producer keeps a place on
+// each cap of a new task that has one; a task given a standby place on its
+// first cap (the seat is taken) and a place on its second stands by in a
+// worker slot for the first. While it does, its place on the second goes
+// to others: the second cap's room shows nobody waiting and its standby
+// place is free. (CI, TestWorkerMetrics: the place stayed, lapsed, and the
+// room counted the task as waiting for a cap with free seats.)
+func TestStandingByForOneCapHoldsNoPlaceOnAnother(t *testing.T) {
+	srv := redistest.Start(t)
+	yaml := fmt.Sprintf(`redis: {url: %q}
+worker: {concurrency: 4, shutdown_timeout: 3s}
+monitoring: {addr: "127.0.0.1:0"}
+tasks:
+  job:
+    semaphores:
+      - {key: first, capacity: 1, standby: 1, ttl: 10s, wait_timeout: 20s}
+      - {key: second, capacity: 3, standby: 1, ttl: 10s}
+`, srv.URL())
+	release := make(chan struct{})
+	var runs atomic.Int32
+	startWorkers(t, 1, yaml, map[string]asynq.HandlerFunc{"job": func(ctx context.Context, _ *asynq.Task) error {
+		runs.Add(1)
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil
+	}})
+	p := newProducer(t, yaml, "job")
+	sem, err := semaphore.New(srv.Client(), semaphore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sem.Close() })
+	ctx := context.Background()
+	stats := func(key string) semaphore.RoomStats {
+		st, err := sem.RoomStats(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	if _, err := p.Enqueue(ctx, "job", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	waitfor.Condition(t, 10*time.Second, "the first job holds the first cap", func() bool {
+		n, err := sem.UsedPermits(ctx, "first")
+		return err == nil && n == 1
+	})
+	// The second job gets the first cap's standby place and a place on the
+	// second; in the worker it stands by for the first cap.
+	if _, err := p.Enqueue(ctx, "job", []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	waitfor.Condition(t, 10*time.Second, "the second job stands by for the first cap", func() bool {
+		st := stats("first")
+		return st.Waiting == 1 && st.Standby == 1 && st.Parked == 0
+	})
+	waitfor.Condition(t, 5*time.Second, "the second cap's room empty while the job stands by for the first", func() bool {
+		st := stats("second")
+		return st.Waiting == 0 && st.Standby == 0
+	})
+	close(release)
+	waitfor.Condition(t, 15*time.Second, "the second job runs after the first", func() bool { return runs.Load() == 2 })
 }

@@ -229,6 +229,7 @@ func (a *Admitter) takeSeats(ctx context.Context, caps []Limit, token string) ([
 		if back == nil && i < 0 {
 			return taken, nil
 		}
+		notAsked := unentered(taken, i)
 		a.giveBack(ctx, taken)
 		switch {
 		case back != nil:
@@ -245,6 +246,9 @@ func (a *Admitter) takeSeats(ctx context.Context, caps []Limit, token string) ([
 			return nil, &Back{Key: caps[i].Key, Kind: KindCap, Why: ReasonTimeout, Parked: true}
 		}
 		stoodBy = true
+		// A producer may have kept it a place on the caps it has not
+		// entered: it waits for this one, so those places go to others.
+		a.stepAsideElsewhere(ctx, notAsked, caps[i].Key, token)
 		p, back := a.standBy(ctx, caps[i], entry, token)
 		if back != nil {
 			return nil, back
@@ -253,13 +257,25 @@ func (a *Admitter) takeSeats(ctx context.Context, caps []Limit, token string) ([
 	}
 }
 
+// unentered are the caps of taken, other than the i-th, that the task has
+// not asked for a seat yet (enterAll stopped at the i-th).
+func unentered(taken []heldSeat, i int) []Limit {
+	var caps []Limit
+	for j, hs := range taken {
+		if j != i && hs.permit == nil && hs.entry == nil {
+			caps = append(caps, hs.Limit)
+		}
+	}
+	return caps
+}
+
 // stepAsideElsewhere steps the token of a task parked in the room of key
 // aside in the rooms of its other caps: a standby place it held there (it
 // was let out for that cap) goes to the next token of that cap, instead of
 // waiting for a task that waits elsewhere, and its arrival there is kept
 // for when it comes back.
 func (a *Admitter) stepAsideElsewhere(ctx context.Context, caps []Limit, key, token string) {
-	if len(caps) < 2 {
+	if len(caps) == 0 || len(caps) == 1 && caps[0].Key == key {
 		return
 	}
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeCallTimeout)
