@@ -141,7 +141,9 @@ func (rw *rateWakes) done(key string) bool {
 }
 
 // loop brings back the tasks of r's room, one a token, until it is empty
-// or the worker stops.
+// or the worker stops. Between two asks it sleeps until the next hand-out
+// may be due, as the room says, also right after a hand-out: asking at
+// once would only hear that.
 func (rw *rateWakes) loop(a *Admitter, r Limit) {
 	ctx := a.runCtx
 	defer func() {
@@ -169,7 +171,9 @@ func (rw *rateWakes) loop(a *Admitter, r Limit) {
 			wait = time.Second
 		case token != "":
 			go waker.bringBack(context.WithoutCancel(ctx), mark, token)
-			continue
+			if wait < time.Millisecond {
+				continue
+			}
 		}
 		t := time.NewTimer(max(wait, time.Millisecond))
 		select {

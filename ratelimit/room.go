@@ -44,9 +44,11 @@ func (l *Limiter) Park(ctx context.Context, key, token string, ttl time.Duration
 var ErrRoomEmpty = errors.New("ratelimit: nobody waits")
 
 // NextDue hands out the first token of key's room once cost tokens of the
-// limit are due, or says how long until it may: then token is "". While
-// another process holds the room's duty, it hands out nothing and says
-// DutyLease. It returns ErrRoomEmpty when no token waits.
+// limit are due, or hands out nothing (token ""); either way wait is how
+// long until the next hand-out may be due, the time to ask again (after a
+// hand-out, the interval the limit earns cost tokens in, or less when it
+// was late). While another process holds the room's duty, it hands out
+// nothing and says DutyLease. It returns ErrRoomEmpty when no token waits.
 func (l *Limiter) NextDue(ctx context.Context, key string, limit Limit, cost int) (token string, wait time.Duration, err error) {
 	room, next, duty := l.roomKeys(key)
 	// The duty is asked for first, unless this Limiter took it lately;

@@ -14,8 +14,8 @@
 --         interval, so that processes asking at once wake one. ARGV[3]
 --         is the asking process: it gives its duty up when the room is
 --         empty.
---         Reply: {token or '', µs to wait before asking again (-1: the
---         room is empty)}
+--         Reply: {token or '', µs to wait before asking again (until
+--         the next hand-out, also after one; -1: the room is empty)}
 --         'duty': ARGV[2] the asking process, ARGV[3] ms its duty lasts:
 --         take (or keep) the duty of handing tokens out, unless another
 --         process holds it; the holder gives it up once the room is empty.
@@ -46,5 +46,6 @@ local next = tonumber(redis.call('GET', KEYS[2]) or '0')
 if nowus < next then return {'', next - nowus} end
 local first = redis.call('ZPOPMIN', KEYS[1])
 local gap = tonumber(ARGV[2])
-redis.call('SET', KEYS[2], math.max(next, nowus - math.floor(gap / 2)) + gap, 'PX', math.ceil(gap / 1000) + 1000)
-return {first[1], 0}
+next = math.max(next, nowus - math.floor(gap / 2)) + gap
+redis.call('SET', KEYS[2], next, 'PX', math.ceil(gap / 1000) + 1000)
+return {first[1], next - nowus}

@@ -55,11 +55,15 @@ func TestRoomHandsOutOneTokenPerInterval(t *testing.T) {
 				t.Fatal(err)
 			}
 			if token != "" {
+				// The wait after a hand-out is until the next may be due:
+				// an interval, or less when this one was late.
+				if w <= 0 || w > 50*time.Millisecond {
+					t.Fatalf("NextDue handed out %q and says to ask again in %s, want (0, 50ms]", token, w)
+				}
 				handed++
 				got = append(got, token)
-			} else {
-				wait = w
 			}
+			wait = w
 		}
 		if handed > 1 {
 			t.Fatalf("%d tokens handed out at once", handed)
