@@ -137,8 +137,10 @@ func (a *Admitter) Admit(ctx context.Context, taskType string, t *asynq.Task) (*
 		return nil, back, nil
 	}
 	// It starts: its standby places go to the next tokens, without making
-	// it wait for that.
-	go a.settle(ctx, slices.Clone(held))
+	// it wait for that. (A task that took its seats at once holds none.)
+	if slices.ContainsFunc(held, func(hs heldSeat) bool { return hs.entry != nil && hs.entry.HoldsPlace() }) {
+		go a.settle(ctx, slices.Clone(held))
+	}
 	return &Admission{a: a, taskType: taskType, held: held}, nil, nil
 }
 

@@ -82,6 +82,10 @@ func (e *Entry) Settle(ctx context.Context) error {
 	return e.s.tokenCall(ctx, settleScript, "settle on", e.key, e.token)
 }
 
+// HoldsPlace reports whether the Entry's token still holds a standby place
+// (until Settle, StepAside or Park): a seat taken at once holds none.
+func (e *Entry) HoldsPlace() bool { return e.holdsPlace }
+
 // StepAside gives up the token's standby place, if it holds one, when its
 // task goes back without starting (it waits for another key, or goes back
 // to its queue): the place goes to the next token, and the token keeps its
