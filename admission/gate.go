@@ -142,7 +142,7 @@ func (r Route) Header() (string, string) { return WaitsForHeader, r.cap.Key }
 // Park puts the waiting task, enqueued, in its room; it is let out at once
 // when a place freed meanwhile.
 func (r Route) Park(ctx context.Context) error {
-	return r.g.sem.Park(ctx, r.cap.Key, r.cap.Capacity, r.token, capRoom(r.cap, r.g.cfg.Worker.ParkedRetry), r.cap.tokenOptions(r.fresh)...)
+	return r.g.sem.Park(ctx, r.cap.Key, r.cap.Capacity, r.token, capRoom(&r.cap, r.g.cfg.Worker.ParkedRetry), r.cap.tokenOptions(r.fresh)...)
 }
 
 // FullError is returned by Gate.Route for a task whose cap has no place
@@ -187,7 +187,7 @@ func (g *Gate) Route(ctx context.Context, taskType string, payload []byte, queue
 	caps := slices.DeleteFunc(limits, func(l Limit) bool { return l.Kind != KindCap })
 	token := Token{Queue: queue, ID: id}.String()
 	for i, l := range caps {
-		ok, err := g.sem.Reserve(ctx, l.Key, l.Capacity, token, capRoom(l, g.cfg.Worker.ParkedRetry), l.tokenOptions(fresh)...)
+		ok, err := g.sem.Reserve(ctx, l.Key, l.Capacity, token, capRoom(&l, g.cfg.Worker.ParkedRetry), l.tokenOptions(fresh)...)
 		if err == nil && ok {
 			continue
 		}

@@ -222,8 +222,8 @@ func (a *Admitter) take(ctx context.Context, caps, rates []Limit, token string) 
 // cap's waiting room.
 func (a *Admitter) takeSeats(ctx context.Context, caps []Limit, token string) ([]heldSeat, *Back) {
 	taken := make([]heldSeat, len(caps))
-	for i, l := range caps {
-		taken[i].Limit = l
+	for i := range caps {
+		taken[i].Limit = caps[i]
 	}
 	stoodBy := false
 	for {
@@ -237,21 +237,21 @@ func (a *Admitter) takeSeats(ctx context.Context, caps []Limit, token string) ([
 		case back != nil:
 			return nil, back
 		case !entry.Standby:
-			a.rooms.note(caps[i])
+			a.rooms.note(&caps[i])
 			return nil, &Back{Key: caps[i].Key, Kind: KindCap, Why: ReasonFull, Parked: true}
 		case stoodBy:
 			// It stood by for another cap already: no second wait.
 			if err := entry.Park(ctx); err != nil {
 				a.Logger.Warn("worker: park a task (its place lapses by itself)", "key", caps[i].Key, "err", err)
 			}
-			a.rooms.note(caps[i])
+			a.rooms.note(&caps[i])
 			return nil, &Back{Key: caps[i].Key, Kind: KindCap, Why: ReasonTimeout, Parked: true}
 		}
 		stoodBy = true
 		// A producer may have kept it a place on the caps it has not
 		// entered: it waits for this one, so those places go to others.
 		a.stepAsideElsewhere(ctx, notAsked, caps[i].Key, token)
-		p, back := a.standBy(ctx, caps[i], entry, token)
+		p, back := a.standBy(ctx, &caps[i], entry, token)
 		if back != nil {
 			return nil, back
 		}
@@ -301,7 +301,7 @@ func (a *Admitter) enterAll(ctx context.Context, taken []heldSeat, token string)
 		if taken[i].permit != nil {
 			continue
 		}
-		l := taken[i].Limit
+		l := &taken[i].Limit
 		permits := l.Capacity
 		if l.Seats > permits {
 			// An operator lowered the capacity below the task's cost: it
@@ -366,7 +366,7 @@ func (a *Admitter) settle(ctx context.Context, held []heldSeat) {
 // standBy waits in this slot, with the standby place entry gave, for the
 // next seat of l, up to its wait_timeout. A wait that ends without a seat
 // goes back to the room, keeping the task's place (Entry.Wait parks it).
-func (a *Admitter) standBy(ctx context.Context, l Limit, entry *semaphore.Entry, token string) (*semaphore.Permit, *Back) {
+func (a *Admitter) standBy(ctx context.Context, l *Limit, entry *semaphore.Entry, token string) (*semaphore.Permit, *Back) {
 	p, err := entry.Wait(ctx, semaphore.WithWaitTimeout(l.Cap.WaitTimeout))
 	if err == nil {
 		return p, nil
@@ -382,7 +382,7 @@ func (a *Admitter) standBy(ctx context.Context, l Limit, entry *semaphore.Entry,
 // permitOptions are the options of a seat taken for the task of ctx: its
 // ID labels the seat, it takes the task's cost in seats, and it waits in
 // its fair share's line.
-func (a *Admitter) permitOptions(ctx context.Context, l Limit) []semaphore.AcquireOption {
+func (a *Admitter) permitOptions(ctx context.Context, l *Limit) []semaphore.AcquireOption {
 	taskID, _ := asynq.GetTaskID(ctx)
 	opts := append([]semaphore.AcquireOption{semaphore.WithTTL(l.Cap.TTL), semaphore.WithHolder(taskID), semaphore.WithWeight(max(l.Seats, 1))}, l.lineOptions()...)
 	if l.Cap.AutoRenewEnabled() {

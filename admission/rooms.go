@@ -33,9 +33,9 @@ const (
 )
 
 // room is how the waiting room of cap l is kept (see semaphore.Room).
-func (a *Admitter) room(l Limit) semaphore.Room { return capRoom(l, a.ParkedRetry) }
+func (a *Admitter) room(l *Limit) semaphore.Room { return capRoom(l, a.ParkedRetry) }
 
-func capRoom(l Limit, parkedRetry time.Duration) semaphore.Room {
+func capRoom(l *Limit, parkedRetry time.Duration) semaphore.Room {
 	standby := l.standby(l.Capacity)
 	if l.Capacity == 0 {
 		standby = 0 // paused: nobody waits in a slot for a seat that will not come
@@ -55,7 +55,7 @@ func capRoom(l Limit, parkedRetry time.Duration) semaphore.Room {
 // and at once when an operator's override changes a capacity.
 func (a *Admitter) Sweep(ctx context.Context) {
 	for _, l := range a.knownCaps() {
-		audit, err := a.Semaphore.Admit(ctx, l.Key, l.Capacity, a.room(l))
+		audit, err := a.Semaphore.Admit(ctx, l.Key, l.Capacity, a.room(&l))
 		if err != nil {
 			if ctx.Err() == nil {
 				a.Logger.Warn("worker: let tasks out of a waiting room", "key", l.Key, "err", err)
@@ -121,7 +121,7 @@ type roomKey struct {
 const roomKeysMax = 1000
 
 // note remembers that a task was parked in the room of l.
-func (r *roomKeys) note(l Limit) {
+func (r *roomKeys) note(l *Limit) {
 	if l.Template == "" {
 		return // plain keys are always swept
 	}
@@ -139,7 +139,7 @@ func (r *roomKeys) note(l Limit) {
 		}
 		delete(r.last, oldest)
 	}
-	r.last[l.Key] = roomKey{Limit: l, at: time.Now()}
+	r.last[l.Key] = roomKey{Limit: *l, at: time.Now()}
 }
 
 // list returns the rooms noted within the last within, forgetting older
