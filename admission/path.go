@@ -610,6 +610,14 @@ func (h *fullHints) forget(key string) {
 	delete(h.at, key)
 }
 
+// recent reports whether key was found full within fullHintFor.
+func (h *fullHints) recent(key string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	at, ok := h.at[key]
+	return ok && time.Since(at) <= fullHintFor
+}
+
 // order is the order in which a task tries its seats: the ones hinted full
 // first, then the others, each group in key order. The order only saves
 // work: no seat is ever held while waiting, so any order is free of
@@ -617,14 +625,11 @@ func (h *fullHints) forget(key string) {
 func (h *fullHints) order(seats []heldSeat) []int {
 	order := make([]int, 0, len(seats))
 	if len(seats) > 1 {
-		h.mu.Lock()
-		now := time.Now()
 		for i, s := range seats {
-			if at, ok := h.at[s.Key]; ok && now.Sub(at) <= fullHintFor {
+			if h.recent(s.Key) {
 				order = append(order, i)
 			}
 		}
-		h.mu.Unlock()
 	}
 	for i := range seats {
 		if !slices.Contains(order, i) {

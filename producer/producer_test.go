@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -671,5 +672,61 @@ func TestCostOutOfRangeIsInvalid(t *testing.T) {
 	}
 	if _, err := p.Enqueue(ctx, "print", []byte(`{"site":"lab","pages":4}`)); err != nil {
 		t.Errorf("a cost of the whole capacity: %v", err)
+	}
+}
+
+// TestBacklogAsksAFullCapOnce: enqueueing a backlog behind a full cap asks
+// the cap for a place once, not once a task: the first task refused a
+// place tells the producer that the cap is full, and the next ones (within
+// a second) are parked without asking, in arrival order. Each enqueue is
+// then two script calls (asynq's schedule and the park), not three.
+// (TestParkedWithoutAskingRunsWhenTheCapIsFree, in the root package, has
+// a worker free the cap meanwhile.)
+func TestBacklogAsksAFullCapOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	p := newProducerOf(t, fmt.Appendf(nil, `redis: {url: %q}
+worker: {parked_retry: 1m}
+tasks:
+  job:
+    semaphore: {key: once, capacity: 1, standby: 0}
+`, srv.URL()))
+	sem, err := semaphore.New(srv.Client(), semaphore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sem.Close() })
+	ctx := context.Background()
+	if _, err := p.Enqueue(ctx, "job", []byte(`{}`)); err != nil { // takes the free seat's place
+		t.Fatal(err)
+	}
+	evalshas := func() int64 {
+		t.Helper()
+		stats, err := srv.Client().InfoMap(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls, _, _ := strings.Cut(strings.TrimPrefix(stats["Commandstats"]["cmdstat_evalsha"], "calls="), ",")
+		n, err := strconv.ParseInt(calls, 10, 64)
+		if err != nil {
+			t.Fatalf("cmdstat_evalsha %q: %v", stats["Commandstats"]["cmdstat_evalsha"], err)
+		}
+		return n
+	}
+	const backlog = 10
+	before := evalshas()
+	for i := range backlog {
+		if _, err := p.Enqueue(ctx, "job", []byte(`{}`), asynq.TaskID(fmt.Sprintf("wait-%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One Reserve, then a schedule and a park a task (one more script
+	// call of slack: Redis counts a script loaded by EVAL after NOSCRIPT
+	// once more).
+	if calls, most := evalshas()-before, int64(1+2*backlog+1); calls > most {
+		t.Errorf("%d script calls to enqueue %d tasks behind a full cap, want at most %d: the cap asked once", calls, backlog, most)
+	}
+	st, err := sem.RoomStats(ctx, "once")
+	if err != nil || st.Parked != backlog {
+		t.Fatalf("room %+v, %v: want the %d tasks parked", st, err, backlog)
 	}
 }
