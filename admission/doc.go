@@ -23,22 +23,24 @@
 //     time, whether anybody waits, the live seats, the seat and its
 //     lease, the fence) and the release (the seat, whether anybody
 //     waits): about 13 commands inside them.
-//   - A cap that is full, tasks through the producer (S5, S10): about 100
-//     commands a task in all at 1 process, 107 at 20, asynq's included
+//   - A cap that is full, tasks through the producer (S5, S10): about 93
+//     commands a task in all at 1 process, 98 at 20, asynq's included
 //     (about 21 of them: the enqueue, one dequeue and a quarter of an empty
-//     one, done). Per task: the producer's reserve, refused (one script
-//     call, 7 commands in it: the room is not looked through for a token
-//     made just now, semaphore.WithNewToken) and its park (11, letting out
-//     the next token if a place is free); one wake-up (wake.lua, 6); the
+//     one, done). Per task: the producer's park (11 commands inside one
+//     script call, letting out the next token if a place is free), with a
+//     reserve asked first only once a second while the key refuses places
+//     (7: the room is not looked through for a token made just now,
+//     semaphore.WithNewToken; see Gate.Route); one wake-up (wake.lua, 6); the
 //     enter of the woken task, standing by in its place (19: its place, its
 //     slot, the process's presence, each with its key's TTL); the release
 //     that hands its seat on (14: the seat, the next waiter, its fence; it
 //     lets nobody out, as it freed no place); and the settle of the place
 //     at the start (20: the place, and the next parked token let out for
 //     it).
-//   - A rate limit that is reached (S8): about 69 commands a task; a task
+//   - A rate limit that is reached (S8): about 61 commands a task; a task
 //     dequeued before its tokens are due is dequeued again when they are
-//     (2.9 dequeues a task), and one process at a time hands a room's
-//     tokens out (ratelimit.DutyLease). A task of one rate limit takes its
-//     tokens without peeking first.
+//     (2.9 dequeues a task, one of them finding the queue empty), one
+//     process at a time hands a room's tokens out (ratelimit.DutyLease),
+//     and it asks the room again only when the next hand-out is due. A
+//     task of one rate limit takes its tokens without peeking first.
 package admission
