@@ -719,10 +719,11 @@ tasks:
 			t.Fatal(err)
 		}
 	}
-	// One Reserve, then a schedule and a park a task (one more script
-	// call of slack: Redis counts a script loaded by EVAL after NOSCRIPT
-	// once more).
-	if calls, most := evalshas()-before, int64(1+2*backlog+1); calls > most {
+	// One Reserve, then a schedule and a park a task; two more script
+	// calls of slack: the producer's layout lease renews with one every
+	// 10 s, and a script the server did not know is counted once more.
+	// (Asking for a place a task, it is 30.)
+	if calls, most := evalshas()-before, int64(1+2*backlog+2); calls > most {
 		t.Errorf("%d script calls to enqueue %d tasks behind a full cap, want at most %d: the cap asked once", calls, backlog, most)
 	}
 	st, err := sem.RoomStats(ctx, "once")
