@@ -25,7 +25,8 @@ func (s *Service) Acquire(ctx context.Context, key string, permits int, opts ...
 		req := s.newRequest(key, permits, cfg)
 		w := newWaiter(req, "w:"+randomID())
 		s.add(w)
-		p, rep, err := s.ask(req, w, "join")
+		// Its token was made just now: the room need not look for it.
+		p, rep, err := s.ask(req, w, "join", "new", "1")
 		switch {
 		case err != nil:
 			s.giveUp(w, "drop")

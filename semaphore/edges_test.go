@@ -3,6 +3,7 @@ package semaphore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -329,6 +330,53 @@ func TestAnyKeyOnACluster(t *testing.T) {
 	for _, key := range keys {
 		if p, err := a.TryAcquire(ctx, key, 1); p == nil || err != nil {
 			t.Fatalf("key %q shares its seat with another key: (%v, %v)", key, p, err)
+		}
+	}
+}
+
+// TestLeavingWaitersLeaveNoRoomKeys: Acquire calls that give up on a full
+// semaphore, on a plain and a fair key, take every trace of their tokens
+// with them: the waiting, the slots entries, the room's settings and a
+// fair key's notes are gone, while the seat's holder still holds.
+func TestLeavingWaitersLeaveNoRoomKeys(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	for _, fair := range []bool{false, true} {
+		s := newService(t, srv.Client())
+		key := uniqueKey(t)
+		holder := mustAcquire(t, s, key, 1, semaphore.WithTTL(time.Minute))
+		var wg sync.WaitGroup
+		errs := make(chan error, 3)
+		for i := range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				opts := []semaphore.AcquireOption{semaphore.WithWaitTimeout(200 * time.Millisecond)}
+				if fair {
+					opts = append(opts, semaphore.WithShare(fmt.Sprintf("tenant-%d", i), 1))
+				}
+				_, err := s.Acquire(ctx, key, 1, opts...)
+				errs <- err
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if reasonOf(t, err) != semaphore.ReasonTimeout {
+				t.Fatalf("fair %v: a waiter on a full semaphore: %v, want a timeout", fair, err)
+			}
+		}
+		for _, suffix := range []string{"waiting", "slots", "room", "shares", "reals"} {
+			k := "fleetcap:sem:{" + key + "}:" + suffix
+			if n, err := srv.Client().Exists(ctx, k).Result(); err != nil || n != 0 {
+				t.Errorf("fair %v: %s left behind (%d, %v)", fair, k, n, err)
+			}
+		}
+		if n, err := s.UsedPermits(ctx, key); err != nil || n != 1 {
+			t.Errorf("fair %v: %d seats used, %v: want the holder's", fair, n, err)
+		}
+		if err := holder.Release(ctx); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

@@ -19,8 +19,9 @@
 --   seats     how many seats it takes (its weight; 1 when absent)
 --   share, shareweight   its fair-share value and that value's weight (a
 --             fair key, see room.lua), when it has one
---   new       '1': the token was never in the room (reserve; see
---             WithNewToken), so it is not looked for
+--   new       '1': the token was never in the room (reserve, see
+--             WithNewToken; join, an Acquire's first call), so it is not
+--             looked for
 --   token     the asker's token (join, enter, reserve)
 --   channel   the asker's process; prefix: the channels' prefix; key: the
 --             semaphore's key, named in seat messages
@@ -53,7 +54,7 @@
 
 local a = args()
 local mode, token, capacity = a.mode, a.token or '', tonumber(a.capacity)
-if mode ~= 'reserve' then a.new = nil end
+if mode ~= 'reserve' and mode ~= 'join' then a.new = nil end
 local seats = tonumber(a.seats or '1')
 
 -- slot is a waiting token's slots entry (see room.lua).

@@ -1,6 +1,7 @@
 -- leave.lua: a token stops waiting in a process (its wait ran out, was
 -- cancelled, or its Service closed). how 'drop' takes it out of the room
--- for good (an Acquire); 'park' puts it among the parked with its arrival
+-- for good (an Acquire's token, which is never parked, placed or aside);
+-- 'park' puts it among the parked with its arrival
 -- (a task that stood by goes back to its queue, keeping its place). The
 -- place it held, if any, goes to the next token.
 --
@@ -22,13 +23,25 @@ local token = a.token
 local waited = redis.call('ZSCORE', KEYS[2], token)
 local returned = 0
 if not waited then returned = unhold(a.member, tonumber(a.seats or '1')) end
+local known = false -- somebody is known to wait still
 if a.how == 'park' then
   park(token, (arrivalOf(token, micros(t))))
   redis.call('PEXPIRE', KEYS[5], a.keyttl or '180000')
-elseif waited or redis.call('EXISTS', KEYS[5], KEYS[6], KEYS[9]) > 0 then
+  known = true
+elseif waited then
+  -- An Acquire's token ('drop') only ever waits in a process: it leaves
+  -- the waiting, its slots entry and a fair key's note of it. An empty
+  -- room keeps no key.
+  redis.call('ZREM', KEYS[2], token)
+  redis.call('HDEL', KEYS[3], token)
+  redis.call('HDEL', KEYS[12], token)
+  known = occupied()
+  if not known then redis.call('DEL', KEYS[8], KEYS[11], KEYS[12]) end
+elseif redis.call('EXISTS', KEYS[5], KEYS[6], KEYS[9]) > 0 then
+  -- Its seat came as it left (given back above).
   forget(token)
 end
 local capacity = tonumber(a.capacity)
 if capacity < 0 then capacity = roomCapacity(-1) end
-local own, woken = settle(now, t, capacity, a)
+local own, woken = settle(now, t, capacity, a, known)
 return {'returned', returned, 'now', now, 'granted', own, 'woken', woken}
