@@ -192,17 +192,9 @@ func (g *Gate) Route(ctx context.Context, taskType string, payload []byte, queue
 	caps := slices.DeleteFunc(limits, func(l Limit) bool { return l.Kind != KindCap })
 	token := Token{Queue: queue, ID: id}.String()
 	for i, l := range caps {
-		var ok bool
-		var err error
-		if l.MaxWaiting > 0 || !g.full.recent(l.Key) {
-			ok, err = g.sem.Reserve(ctx, l.Key, l.Capacity, token, capRoom(&l, g.cfg.Worker.ParkedRetry), l.tokenOptions(fresh)...)
-			if err == nil && ok {
-				continue
-			}
-			if err == nil {
-				g.full.mark(l.Key)
-				err = g.checkWaiting(ctx, l)
-			}
+		ok, err := g.reserve(ctx, l, token, fresh)
+		if err == nil && ok {
+			continue
 		}
 		// No place here: the places kept on the caps before go to others.
 		if derr := (Route{g: g, token: token, kept: caps[:i]}).GiveBack(ctx); derr != nil {
@@ -214,6 +206,22 @@ func (g *Gate) Route(ctx context.Context, taskType string, payload []byte, queue
 		return Route{g: g, cap: l, token: token, waits: true, fresh: fresh}, nil
 	}
 	return Route{g: g, token: token, kept: caps}, nil
+}
+
+// reserve asks cap l for a place for token, unless l refused one within
+// fullHintFor (and has no max_waiting, whose bound is read after a
+// refusal): then the task waits without asking. A refusal on a key with
+// max_waiting returns a *FullError when the key has that many waiting.
+func (g *Gate) reserve(ctx context.Context, l Limit, token string, fresh bool) (bool, error) {
+	if l.MaxWaiting <= 0 && g.full.recent(l.Key) {
+		return false, nil
+	}
+	ok, err := g.sem.Reserve(ctx, l.Key, l.Capacity, token, capRoom(&l, g.cfg.Worker.ParkedRetry), l.tokenOptions(fresh)...)
+	if err != nil || ok {
+		return ok, err
+	}
+	g.full.mark(l.Key)
+	return false, g.checkWaiting(ctx, l)
 }
 
 // checkWaiting returns a *FullError when the key of cap l has a bound on

@@ -271,13 +271,14 @@ func unentered(taken []heldSeat, i int) []Limit {
 	return caps
 }
 
-// stepAsideElsewhere steps the token of a task parked in the room of key
-// aside in the rooms of its other caps: a standby place it held there (it
-// was let out for that cap) goes to the next token of that cap, instead of
+// stepAsideElsewhere steps the token of a task that waits for key (parked
+// in its room, or standing by for it) aside in the rooms of caps other
+// than key: a place it held there (it was let out for that cap, or a
+// producer kept it one) goes to the next token of that cap, instead of
 // waiting for a task that waits elsewhere, and its arrival there is kept
 // for when it comes back.
 func (a *Admitter) stepAsideElsewhere(ctx context.Context, caps []Limit, key, token string) {
-	if len(caps) == 0 || len(caps) == 1 && caps[0].Key == key {
+	if !slices.ContainsFunc(caps, func(l Limit) bool { return l.Key != key }) {
 		return
 	}
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeCallTimeout)
