@@ -49,7 +49,7 @@ func NewGate(cfg *config.Config, log *slog.Logger) (*Gate, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Gate{cfg: cfg, table: table, log: log}, nil
+	return &Gate{cfg: cfg, table: table, log: log, full: newFullHints()}, nil
 }
 
 // open opens the Gate's Redis client, semaphore and overrides, the first
@@ -213,14 +213,14 @@ func (g *Gate) Route(ctx context.Context, taskType string, payload []byte, queue
 // refusal): then the task waits without asking. A refusal on a key with
 // max_waiting returns a *FullError when the key has that many waiting.
 func (g *Gate) reserve(ctx context.Context, l Limit, token string, fresh bool) (bool, error) {
-	if l.MaxWaiting <= 0 && g.full.recent(l.Key) {
+	if l.MaxWaiting <= 0 && g.full.Recent(l.Key) {
 		return false, nil
 	}
 	ok, err := g.sem.Reserve(ctx, l.Key, l.Capacity, token, capRoom(&l, g.cfg.Worker.ParkedRetry), l.tokenOptions(fresh)...)
 	if err != nil || ok {
 		return ok, err
 	}
-	g.full.mark(l.Key)
+	g.full.Mark(l.Key)
 	return false, g.checkWaiting(ctx, l)
 }
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetcap/fleetcap/config"
+	"github.com/fleetcap/fleetcap/internal/lately"
 	"github.com/fleetcap/fleetcap/ratelimit"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
@@ -89,7 +89,7 @@ func New(opts Options) (*Admitter, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	a := &Admitter{Options: opts, recentCaps: newRecentKeys(), recentRates: newRecentKeys()}
+	a := &Admitter{Options: opts, full: newFullHints(), recentCaps: newRecentKeys(), recentRates: newRecentKeys()}
 	a.rateObs, _ = opts.Observer.(ratelimit.Observer)
 	return a, nil
 }
@@ -316,12 +316,12 @@ func (a *Admitter) enterAll(ctx context.Context, taken []heldSeat, token string)
 		}
 		if e.Permit == nil {
 			if len(taken) > 1 {
-				a.full.mark(l.Key)
+				a.full.Mark(l.Key)
 			}
 			return i, e, nil
 		}
 		if len(taken) > 1 {
-			a.full.forget(l.Key)
+			a.full.Forget(l.Key)
 		}
 		taken[i].permit, taken[i].entry = e.Permit, e
 	}
@@ -581,53 +581,22 @@ const (
 	fullHintMax = 1024
 )
 
-// fullHints remembers when this process last found a key full.
-type fullHints struct {
-	mu sync.Mutex
-	at map[string]time.Time
-}
+// fullHints remembers which keys this process found full lately.
+type fullHints struct{ *lately.Marks }
 
-// mark notes that key was found full.
-func (h *fullHints) mark(key string) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	now := time.Now()
-	if h.at == nil {
-		h.at = map[string]time.Time{}
-	}
-	if len(h.at) >= fullHintMax {
-		maps.DeleteFunc(h.at, func(_ string, at time.Time) bool { return now.Sub(at) > fullHintFor })
-		if len(h.at) >= fullHintMax {
-			return
-		}
-	}
-	h.at[key] = now
-}
-
-// forget drops the hint of key once a seat of it was taken.
-func (h *fullHints) forget(key string) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	delete(h.at, key)
-}
-
-// recent reports whether key was found full within fullHintFor.
-func (h *fullHints) recent(key string) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	at, ok := h.at[key]
-	return ok && time.Since(at) <= fullHintFor
+func newFullHints() fullHints {
+	return fullHints{&lately.Marks{For: fullHintFor, Max: fullHintMax}}
 }
 
 // order is the order in which a task tries its seats: the ones hinted full
 // first, then the others, each group in key order. The order only saves
 // work: no seat is ever held while waiting, so any order is free of
 // deadlock; waiting itself is for one seat at a time.
-func (h *fullHints) order(seats []heldSeat) []int {
+func (h fullHints) order(seats []heldSeat) []int {
 	order := make([]int, 0, len(seats))
 	if len(seats) > 1 {
 		for i, s := range seats {
-			if h.recent(s.Key) {
+			if h.Recent(s.Key) {
 				order = append(order, i)
 			}
 		}

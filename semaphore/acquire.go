@@ -23,6 +23,12 @@ func (s *Service) Acquire(ctx context.Context, key string, permits int, opts ...
 			return nil, 0, err
 		}
 		req := s.newRequest(key, permits, cfg)
+		if p, done, err := s.quickTake(req, true); done {
+			if err != nil {
+				return nil, 1, &AcquisitionError{Key: key, Reason: ReasonError, Attempts: 1, Err: err}
+			}
+			return s.keepUnlessClosed(p, 1)
+		}
 		w := newWaiter(req, "w:"+randomID())
 		s.add(w)
 		// Its token was made just now: the room need not look for it.
@@ -54,7 +60,10 @@ func (s *Service) TryAcquire(ctx context.Context, key string, permits int, opts 
 			return nil, 0, err
 		}
 		req := s.newRequest(key, permits, cfg)
-		p, _, err := s.ask(req, newWaiter(req, ""), "try")
+		p, done, err := s.quickTake(req, false)
+		if !done {
+			p, _, err = s.ask(req, newWaiter(req, ""), "try")
+		}
 		switch {
 		case err != nil:
 			return nil, 1, &AcquisitionError{Key: key, Reason: ReasonError, Attempts: 1, Err: err}

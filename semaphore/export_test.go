@@ -36,3 +36,6 @@ func (s *Service) LineBackoff(key string) time.Duration {
 	}
 	return 0
 }
+
+// QuickScriptHash is the SHA1 that calls of quick.lua name, for tests.
+func QuickScriptHash() string { return quickScript.Hash() }

@@ -198,6 +198,9 @@ func (s *Service) release(ctx context.Context, p *Permit) (bool, error) {
 	if p.from != nil {
 		return s.returnSpare(ctx, p)
 	}
+	if held, done, err := s.quickGive(p); done {
+		return held, err
+	}
 	rep, err := s.runBatched(releaseScript, p.k, s.settleArgs(p.key, "member", p.member, "seats", p.cfg.seats, "capacity", p.capacity)...)
 	if err != nil {
 		return false, err

@@ -52,6 +52,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/fleetcap/fleetcap/internal/lately"
 	"github.com/fleetcap/fleetcap/internal/rediskey"
 )
 
@@ -63,9 +64,10 @@ func script(name string) *redis.Script {
 }
 
 // roomScript is a script that uses the functions of room.lua, which come
-// first. Its KEYS are those of keys.all; its ARGV are name/value pairs.
+// first (after nextfence.lua). Its KEYS are those of keys.all; its ARGV
+// are name/value pairs.
 func roomScript(name string) *redis.Script {
-	return redis.NewScript(luaFile("room.lua") + luaFile(name))
+	return redis.NewScript(luaFile("nextfence.lua") + luaFile("room.lua") + luaFile(name))
 }
 
 func luaFile(name string) string {
@@ -137,8 +139,9 @@ type Service struct {
 	mu       sync.Mutex           // guards renewing
 	renewing map[*Permit]struct{} // permits with auto-renew on
 
-	waits waitRegistry // the waiters of this Service, and their keys
-	spare spareSeats   // the spare seats it holds
+	waits waitRegistry  // the waiters of this Service, and their keys
+	spare spareSeats    // the spare seats it holds
+	busy  *lately.Marks // keys found with somebody waiting lately (quick.go)
 	clock clockOffset
 }
 
@@ -183,6 +186,7 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 		renewing: make(map[*Permit]struct{}),
 		waits:    newWaitRegistry(),
 		spare:    spareSeats{max: opts.SpareSeats, open: map[string]*spareBlock{}},
+		busy:     newBusyKeys(),
 	}, nil
 }
 
@@ -203,6 +207,11 @@ func (s *Service) keysFor(key string) keys {
 // all is the KEYS of a roomScript, in room.lua's order.
 func (k keys) all() []string {
 	return []string{k.holders, k.waiting, k.slots, k.procs, k.parked, k.places, k.since, k.room, k.aside, k.fence, k.shares, k.reals, k.spares}
+}
+
+// quick is the KEYS of quick.lua.
+func (k keys) quick() []string {
+	return []string{k.holders, k.waiting, k.parked, k.places, k.fence, k.spares}
 }
 
 // member is a permit's member of the holders ZSET: its id, and its label

@@ -104,7 +104,7 @@ if mode == 'recheck' then
         -- Its seat's fence went in the message it missed: a new one.
         own[#own + 1] = tok
         own[#own + 1] = m
-        own[#own + 1] = nextFence(t, math.max(tonumber(expiry) - now, 1))
+        own[#own + 1] = nextFence(KEYS[10], t, math.max(tonumber(expiry) - now, 1))
       elseif fresh then
         lost[#lost + 1] = tok
       end

@@ -42,7 +42,7 @@
 --                  back (it waits for another cap, or its queue is
 --                  paused); kept at most asideFor, lapses with the room
 -- KEYS[10] fence   STRING: the last fence granted on the key (see
---                  nextFence)
+--                  nextFence in nextfence.lua)
 -- KEYS[11] shares  HASH fair-share value -> the arrival given last to a
 --                  token of that value (see shareArrival)
 -- KEYS[12] reals   HASH token -> "real arrival µs\tvalue", for the tokens
@@ -86,23 +86,6 @@ local function liveHolders(now)
   return redis.call('ZCARD', KEYS[1])
 end
 
--- nextFence is the fence of a seat granted now: above every fence granted
--- on the key before. The last one is kept as long as the lease granted
--- with it, so that the key idles out with its seats; once it lapsed, the
--- server's clock (µs) is the floor, and it is past every fence granted
--- before (fences run ahead of the clock only by grants beyond one a µs).
-local function nextFence(t, ttl)
-  -- One command in the common case: the clock is past the last fence.
-  local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local text = string.format('%.0f', floor)
-  local last = tonumber(redis.call('SET', KEYS[10], text, 'PX', ttl, 'GET') or '0')
-  if last >= floor then
-    text = string.format('%.0f', last + 1)
-    redis.call('SET', KEYS[10], text, 'PX', ttl)
-  end
-  return text
-end
-
 -- extraSeat is the member of the i-th seat (2..n) of a permit of n seats.
 local function extraSeat(member, i)
   return string.match(member, '^[^\n]*') .. '\1' .. i
@@ -123,7 +106,7 @@ end
 -- hold gives member seats seats until now + ttl, and returns its fence.
 local function hold(member, seats, now, t, ttl)
   holdSeats(member, seats, now, ttl)
-  return nextFence(t, ttl)
+  return nextFence(KEYS[10], t, ttl)
 end
 
 -- recallSpares tells every process that holds spare seats of the key

@@ -1,0 +1,45 @@
+package lately_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/fleetcap/fleetcap/internal/lately"
+)
+
+func TestMarksLapseAndForget(t *testing.T) {
+	m := lately.Marks{For: 50 * time.Millisecond, Max: 10}
+	if m.Recent("a") {
+		t.Fatal("a key never marked is recent")
+	}
+	m.Mark("a")
+	if !m.Recent("a") {
+		t.Fatal("a key marked just now is not recent")
+	}
+	m.Forget("a")
+	if m.Recent("a") {
+		t.Fatal("a forgotten key is recent")
+	}
+	m.Mark("b")
+	time.Sleep(60 * time.Millisecond) // past For: the mark must have lapsed
+	if m.Recent("b") {
+		t.Fatal("a mark older than For is recent")
+	}
+}
+
+func TestMarksStayBounded(t *testing.T) {
+	m := lately.Marks{For: time.Hour, Max: 3}
+	for i := range 5 {
+		m.Mark(fmt.Sprint(i))
+	}
+	for i, want := range []bool{true, true, true, false, false} {
+		if got := m.Recent(fmt.Sprint(i)); got != want {
+			t.Errorf("key %d recent: %v, want %v (at most 3 live marks)", i, got, want)
+		}
+	}
+	m.Mark("0") // a key already marked is marked again
+	if !m.Recent("0") {
+		t.Error("a marked key could not be marked again when full")
+	}
+}

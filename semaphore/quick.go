@@ -1,0 +1,105 @@
+package semaphore
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetcap/fleetcap/internal/lately"
+)
+
+// The quick path. Most calls find nobody waiting: a seat is free, or a
+// seat is given back that nobody waits for. Such a call needs none of the
+// waiting room, and quick.lua does it with the seats, the fence and one
+// look at the room (about a third of the Redis time of acquire.lua or
+// release.lua, which define the room's functions and read their arguments
+// by name). When quick.lua finds anybody waiting it changes nothing and
+// says so, and the call goes through the room's script; the key is then
+// marked busy for busyFor, so that calls on a contended key go straight
+// to the room's scripts instead of making two calls each.
+
+var quickScript = redis.NewScript(luaFile("nextfence.lua") + luaFile("quick.lua"))
+
+// busyFor is how long a key stays on the room's scripts after a call found
+// somebody waiting for it, or found it full when it would have waited;
+// busyMax bounds the keys remembered.
+const (
+	busyFor = time.Second
+	busyMax = 4096
+)
+
+func newBusyKeys() *lately.Marks { return &lately.Marks{For: busyFor, Max: busyMax} }
+
+// quickFits reports whether req may take the quick path: one seat, on a
+// key not busy lately.
+func (s *Service) quickFits(req request) bool {
+	return req.cfg.seats == 1 && !s.busy.Recent(req.key)
+}
+
+// quickTake takes a free seat for req when nobody waits for its key. done
+// is false when the call must go through acquire.lua (see above); else p
+// is the seat, or nil when the key is full (a TryAcquire's answer: wait
+// reports whether the caller would wait instead, which makes the key busy
+// and done false).
+func (s *Service) quickTake(req request, wait bool) (p *Permit, done bool, err error) {
+	if !s.quickFits(req) {
+		return nil, false, nil
+	}
+	id := randomID()
+	m := member(id, req.cfg.holder)
+	sent := time.Now()
+	v, err := s.batch.of(req.k.holders).run(quickScript, req.k.quick(), "take", m, req.cfg.ttl.Milliseconds(), req.capacity).Slice()
+	if err != nil {
+		return nil, true, err
+	}
+	outcome, _ := v[0].(string)
+	switch {
+	case outcome == "seat" && len(v) == 3:
+		now, fence, err := quickSeat(v)
+		if err != nil {
+			return nil, true, err
+		}
+		s.clock.observeMillis(now, sent, time.Now())
+		return s.newPermit(req, id, m, fence, time.UnixMilli(now), sent), true, nil
+	case outcome == "full" && !wait:
+		return nil, true, nil
+	case outcome == "full" || outcome == "room":
+		s.busy.Mark(req.key)
+		return nil, false, nil
+	}
+	return nil, true, fmt.Errorf("semaphore: quick.lua replied %v", v)
+}
+
+// quickSeat reads the server time and the fence of a quick seat.
+func quickSeat(v []any) (now int64, fence uint64, err error) {
+	now, err = replyInt(v[1])
+	if err != nil {
+		return 0, 0, fmt.Errorf("semaphore: quick.lua's time: %w", err)
+	}
+	f, err := replyInt(v[2])
+	if err != nil || f < 0 {
+		return 0, 0, fmt.Errorf("semaphore: quick.lua's fence %v: %v", v[2], err)
+	}
+	return now, uint64(f), nil
+}
+
+// quickGive gives p's seat back when nobody waits for its key; done is
+// false when the call must go through release.lua.
+func (s *Service) quickGive(p *Permit) (held, done bool, err error) {
+	if p.cfg.seats != 1 || s.busy.Recent(p.key) {
+		return false, false, nil
+	}
+	v, err := s.batch.of(p.k.holders).run(quickScript, p.k.quick(), "give", p.member).Slice()
+	if err != nil {
+		return false, true, err
+	}
+	switch outcome, _ := v[0].(string); outcome {
+	case "held", "lost":
+		return outcome == "held", true, nil
+	case "room":
+		s.busy.Mark(p.key)
+		return false, false, nil
+	}
+	return false, true, fmt.Errorf("semaphore: quick.lua replied %v", v)
+}

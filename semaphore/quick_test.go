@@ -1,0 +1,97 @@
+package semaphore_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
+	"github.com/fleetcap/fleetcap/semaphore"
+)
+
+// TestQuickPathNeverOvertakesAWaiter: a seat that lapsed (its holder
+// never gave it back) while somebody waits goes to the waiter, not to a
+// TryAcquire of another process that finds the seat free: the quick path
+// sees the waiter and leaves the call to the waiting room.
+func TestQuickPathNeverOvertakesAWaiter(t *testing.T) {
+	srv := redistest.Start(t)
+	key := uniqueKey(t)
+	holder, waiter, trier := newService(t, srv.Client()), newService(t, srv.Client()), newService(t, srv.Client())
+	ctx := context.Background()
+	mustAcquire(t, holder, key, 1, semaphore.WithTTL(300*time.Millisecond)) // never released: it lapses
+	type result struct {
+		p   *semaphore.Permit
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		p, err := waiter.Acquire(ctx, key, 1, semaphore.WithWaitTimeout(10*time.Second))
+		got <- result{p, err} // the seat is kept: nobody else may get it now
+	}()
+	waitfor.Condition(t, 5*time.Second, "the waiter in line", func() bool { return waiter.LocalWaiters(key) == 1 })
+	for {
+		p, err := trier.TryAcquire(ctx, key, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p != nil {
+			t.Fatal("TryAcquire took a lapsed seat while a waiter waited for it")
+		}
+		select {
+		case r := <-got:
+			if r.err != nil {
+				t.Fatalf("the waiter: %v", r.err)
+			}
+			if err := r.p.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// TestIdleKeyCycleTakesTheQuickPath: a TryAcquire and a Release on a key
+// nobody waits for are one call of quick.lua each, not the waiting room's
+// scripts (which would cost Redis about three times the time).
+func TestIdleKeyCycleTakesTheQuickPath(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newService(t, srv.Client())
+	key := uniqueKey(t)
+	ctx := context.Background()
+	admin := srv.Client()
+	// Every command goes to the slow log, with its arguments.
+	for _, kv := range [][2]string{{"slowlog-log-slower-than", "0"}, {"slowlog-max-len", "10000"}} {
+		if err := admin.ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := admin.SlowLogReset(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const cycles = 20
+	for range cycles {
+		p, err := s.TryAcquire(ctx, key, 10)
+		if err != nil || p == nil {
+			t.Fatalf("TryAcquire on an idle key: %v, %v", p, err)
+		}
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	entries, err := admin.SlowLogGet(ctx, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bySHA := map[string]int{} // a script's first call is an EVALSHA refused (NOSCRIPT), then an EVAL
+	for _, e := range entries {
+		if len(e.Args) > 1 && strings.EqualFold(e.Args[0], "evalsha") {
+			bySHA[e.Args[1]]++
+		}
+	}
+	if quick := semaphore.QuickScriptHash(); bySHA[quick] != 2*cycles || len(bySHA) != 1 {
+		t.Errorf("script calls by SHA1 %v: want %d of quick.lua (%s) and no other", bySHA, 2*cycles, quick)
+	}
+}
