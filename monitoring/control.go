@@ -1,13 +1,11 @@
 package monitoring
 
 import (
-	"bytes"
-	"encoding/json"
+	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	"time"
+	"slices"
 
 	"github.com/fleetcap/fleetcap/control"
 	"github.com/fleetcap/fleetcap/ratelimit"
@@ -24,21 +22,6 @@ type controlAPI struct {
 	lookupRateKey func(string) (RateKeyInfo, bool)
 }
 
-// maxBodyBytes bounds an override request body.
-const maxBodyBytes = 4 << 10
-
-// CapacityRequest is the body of PUT /api/semaphores/{key}/capacity.
-type CapacityRequest struct {
-	Capacity *int `json:"capacity"` // >= 0; 0 pauses the key
-}
-
-// RateRequest is the body of PUT /api/ratelimits/{key}.
-type RateRequest struct {
-	Rate  *int   `json:"rate"`  // >= 1
-	Per   string `json:"per"`   // a duration > 0 such as "1s"
-	Burst *int   `json:"burst"` // >= 1 and not below any task's cost; default rate
-}
-
 // OverrideResponse answers the override endpoints.
 type OverrideResponse struct {
 	Key string `json:"key"`
@@ -53,143 +36,147 @@ type OverrideResponse struct {
 	Cleared    *bool     `json:"cleared,omitempty"` // DELETE: there was an override to clear
 }
 
-func (c *controlAPI) putCapacity(w http.ResponseWriter, r *http.Request) {
-	if !c.server.admit(w, r) {
+// overrideEndpoint serves PUT and DELETE of one kind of override, a
+// capacity or a rate, and holds what sets the two kinds apart: Req is the
+// PUT body, V the value it sets (a capacity, a limit) and Info what the
+// worker declares of a key (KeyInfo, RateKeyInfo).
+type overrideEndpoint[Req, V, Info any] struct {
+	api     *controlAPI
+	name    string // "capacity" or "rate", in log lines and store actions
+	keyKind string // "semaphore" or "rate-limit", in the unknown-key error
+	// value checks a PUT body and returns the value it sets.
+	value func(Req) (V, error)
+	// lookup resolves the {key} as the worker declares it.
+	lookup func(key string) (Info, bool)
+	// fits refuses a value the key cannot take; nil when every valid
+	// value fits.
+	fits func(key string, v V, info Info) error
+	// set and clear write the override to the store.
+	set   func(ctx context.Context, key string, v V) error
+	clear func(ctx context.Context, key string) (cleared bool, err error)
+	// setAttrs are the attributes of a PUT's log line between the key and
+	// the remote address: the value set and the configured one.
+	setAttrs func(v V, info Info) []any
+	// answer is the answer to a PUT or DELETE, read from the overrides:
+	// the value in force and the configured one.
+	answer func(key string, info Info) OverrideResponse
+}
+
+// capacityOverride serves PUT and DELETE /api/semaphores/{key}/capacity.
+func (c *controlAPI) capacityOverride() *overrideEndpoint[CapacityRequest, int, KeyInfo] {
+	store := c.overrides.Store()
+	return &overrideEndpoint[CapacityRequest, int, KeyInfo]{
+		api: c, name: "capacity", keyKind: "semaphore",
+		value: CapacityRequest.capacity, lookup: c.lookupKey,
+		set: store.SetCapacity, clear: store.ClearCapacity,
+		setAttrs: func(capacity int, info KeyInfo) []any {
+			return []any{"capacity", capacity, "configured", info.Capacity}
+		},
+		answer: c.answerCapacity,
+	}
+}
+
+// rateOverride serves PUT and DELETE /api/ratelimits/{key}.
+func (c *controlAPI) rateOverride() *overrideEndpoint[RateRequest, ratelimit.Limit, RateKeyInfo] {
+	store := c.overrides.Store()
+	return &overrideEndpoint[RateRequest, ratelimit.Limit, RateKeyInfo]{
+		api: c, name: "rate", keyKind: "rate-limit",
+		value: RateRequest.limit, lookup: c.lookupRateKey, fits: burstFitsCost,
+		set: store.SetRate, clear: store.ClearRate,
+		setAttrs: func(limit ratelimit.Limit, info RateKeyInfo) []any {
+			return []any{"limit", limit.String(), "configured", info.Limit.String()}
+		},
+		answer: c.answerRate,
+	}
+}
+
+// put sets the override of the {key}: 400 for a bad body or an unknown
+// key, 503 when the store fails, else 200 with the value in force.
+func (e *overrideEndpoint[Req, V, Info]) put(w http.ResponseWriter, r *http.Request) {
+	if !e.api.server.admit(w, r) {
 		return
 	}
 	key := r.PathValue("key")
-	var req CapacityRequest
-	if err := decodeBody(w, r, &req); err != nil {
-		badRequest(w, err.Error())
-		return
-	}
-	switch {
-	case req.Capacity == nil:
-		badRequest(w, `"capacity" is required: {"capacity": N} with N >= 0 (0 pauses the key)`)
-		return
-	case *req.Capacity < 0:
-		badRequest(w, fmt.Sprintf(`"capacity" must be >= 0 (0 pauses the key), got %d`, *req.Capacity))
-		return
-	}
-	info, ok := c.lookupKey(key)
-	if !ok {
-		badRequest(w, fmt.Sprintf("unknown semaphore key %q: neither a declared key or template nor a key a declared template renders", key))
-		return
-	}
-	if err := c.overrides.Store().SetCapacity(r.Context(), key, *req.Capacity); !c.stored(w, "set capacity", key, err) {
-		return
-	}
-	c.server.log.Warn("monitoring: admin set a capacity override", "key", key, "capacity", *req.Capacity,
-		"configured", info.Capacity, "remote", r.RemoteAddr)
-	c.answerCapacity(w, r, key, info, nil)
-}
-
-func (c *controlAPI) deleteCapacity(w http.ResponseWriter, r *http.Request) {
-	if !c.server.admit(w, r) {
-		return
-	}
-	key := r.PathValue("key")
-	// A key no longer declared may still carry an override: it can always
-	// be cleared.
-	cleared, err := c.overrides.Store().ClearCapacity(r.Context(), key)
-	if !c.stored(w, "clear capacity", key, err) {
-		return
-	}
-	c.server.log.Warn("monitoring: admin cleared a capacity override", "key", key, "cleared", cleared, "remote", r.RemoteAddr)
-	info, _ := c.lookupKey(key)
-	c.answerCapacity(w, r, key, info, &cleared)
-}
-
-func (c *controlAPI) answerCapacity(w http.ResponseWriter, r *http.Request, key string, info KeyInfo, cleared *bool) {
-	if !c.refresh(w, r) {
-		return
-	}
-	capacity, over := c.overrides.CapacityFor(key, info.Template, info.Capacity)
-	writeJSON(w, http.StatusOK, OverrideResponse{Key: key, Capacity: &capacity, ConfiguredCapacity: &info.Capacity, Override: over, Cleared: cleared})
-}
-
-func (c *controlAPI) putRate(w http.ResponseWriter, r *http.Request) {
-	if !c.server.admit(w, r) {
-		return
-	}
-	key := r.PathValue("key")
-	var req RateRequest
-	if err := decodeBody(w, r, &req); err != nil {
-		badRequest(w, err.Error())
-		return
-	}
-	limit, err := req.limit()
+	v, info, err := e.request(w, r, key)
 	if err != nil {
 		badRequest(w, err.Error())
 		return
 	}
-	info, ok := c.lookupRateKey(key)
-	if !ok {
-		badRequest(w, fmt.Sprintf("unknown rate-limit key %q: neither a declared key or template nor a key a declared template renders", key))
+	if err := e.set(r.Context(), key, v); !e.api.stored(w, "set "+e.name, key, err) {
 		return
 	}
-	if limit.Burst < info.MaxCost {
-		badRequest(w, fmt.Sprintf(`"burst" %d is below the %d tokens a task of key %q takes: such a task could never run`, limit.Burst, info.MaxCost, key))
-		return
-	}
-	if err := c.overrides.Store().SetRate(r.Context(), key, limit); !c.stored(w, "set rate", key, err) {
-		return
-	}
-	c.server.log.Warn("monitoring: admin set a rate override", "key", key, "limit", limit.String(),
-		"configured", info.Limit.String(), "remote", r.RemoteAddr)
-	c.answerRate(w, r, key, info, nil)
+	attrs := slices.Concat([]any{"key", key}, e.setAttrs(v, info), []any{"remote", r.RemoteAddr})
+	e.api.server.log.Warn("monitoring: admin set a "+e.name+" override", attrs...)
+	e.respond(w, r, key, info, nil)
 }
 
-func (c *controlAPI) deleteRate(w http.ResponseWriter, r *http.Request) {
-	if !c.server.admit(w, r) {
+// request decodes and checks the body of a PUT of key, and looks the key
+// up: the value to set and what the worker declares of the key.
+func (e *overrideEndpoint[Req, V, Info]) request(w http.ResponseWriter, r *http.Request, key string) (v V, info Info, err error) {
+	var req Req
+	if err := decodeBody(w, r, &req); err != nil {
+		return v, info, err
+	}
+	if v, err = e.value(req); err != nil {
+		return v, info, err
+	}
+	info, ok := e.lookup(key)
+	if !ok {
+		return v, info, fmt.Errorf("unknown %s key %q: neither a declared key or template nor a key a declared template renders", e.keyKind, key)
+	}
+	if e.fits != nil {
+		err = e.fits(key, v, info)
+	}
+	return v, info, err
+}
+
+// delete clears the override of the {key}. A key no longer declared may
+// still carry an override: it can always be cleared.
+func (e *overrideEndpoint[Req, V, Info]) delete(w http.ResponseWriter, r *http.Request) {
+	if !e.api.server.admit(w, r) {
 		return
 	}
 	key := r.PathValue("key")
-	cleared, err := c.overrides.Store().ClearRate(r.Context(), key)
-	if !c.stored(w, "clear rate", key, err) {
+	cleared, err := e.clear(r.Context(), key)
+	if !e.api.stored(w, "clear "+e.name, key, err) {
 		return
 	}
-	c.server.log.Warn("monitoring: admin cleared a rate override", "key", key, "cleared", cleared, "remote", r.RemoteAddr)
-	info, _ := c.lookupRateKey(key)
-	c.answerRate(w, r, key, info, &cleared)
+	e.api.server.log.Warn("monitoring: admin cleared a "+e.name+" override", "key", key, "cleared", cleared, "remote", r.RemoteAddr)
+	info, _ := e.lookup(key)
+	e.respond(w, r, key, info, &cleared)
 }
 
-func (c *controlAPI) answerRate(w http.ResponseWriter, r *http.Request, key string, info RateKeyInfo, cleared *bool) {
-	if !c.refresh(w, r) {
+// respond reads the overrides back and answers a PUT or DELETE (cleared
+// is nil for a PUT).
+func (e *overrideEndpoint[Req, V, Info]) respond(w http.ResponseWriter, r *http.Request, key string, info Info, cleared *bool) {
+	if !e.api.refresh(w, r) {
 		return
 	}
+	resp := e.answer(key, info)
+	resp.Cleared = cleared
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// answerCapacity is the capacity in force of key and its configured one.
+func (c *controlAPI) answerCapacity(key string, info KeyInfo) OverrideResponse {
+	capacity, over := c.overrides.CapacityFor(key, info.Template, info.Capacity)
+	return OverrideResponse{Key: key, Capacity: &capacity, ConfiguredCapacity: &info.Capacity, Override: over}
+}
+
+// answerRate is the limit in force of key and its configured one.
+func (c *controlAPI) answerRate(key string, info RateKeyInfo) OverrideResponse {
 	limit, over := c.overrides.RateFor(key, info.Template, info.Limit)
 	inForce, configured := specOf(limit), specOf(info.Limit)
-	writeJSON(w, http.StatusOK, OverrideResponse{Key: key, Rate: &inForce, Configured: &configured, Override: over, Cleared: cleared})
+	return OverrideResponse{Key: key, Rate: &inForce, Configured: &configured, Override: over}
 }
 
-// limit checks the request and returns its limit; burst defaults to rate.
-func (req RateRequest) limit() (ratelimit.Limit, error) {
-	if req.Rate == nil {
-		return ratelimit.Limit{}, errors.New(`"rate" is required: {"rate": N, "per": "1s", "burst": B} with N >= 1`)
+// burstFitsCost refuses a limit whose burst is below the tokens a task of
+// the key takes: such a task could never run.
+func burstFitsCost(key string, limit ratelimit.Limit, info RateKeyInfo) error {
+	if limit.Burst < info.MaxCost {
+		return fmt.Errorf(`"burst" %d is below the %d tokens a task of key %q takes: such a task could never run`, limit.Burst, info.MaxCost, key)
 	}
-	if *req.Rate < 1 {
-		return ratelimit.Limit{}, fmt.Errorf(`"rate" must be >= 1, got %d`, *req.Rate)
-	}
-	if req.Per == "" {
-		return ratelimit.Limit{}, errors.New(`"per" is required: a duration > 0 such as "1s" or "1m"`)
-	}
-	per, err := time.ParseDuration(req.Per)
-	if err != nil || per <= 0 {
-		return ratelimit.Limit{}, fmt.Errorf(`"per" must be a duration > 0 such as "1s" or "1m", got %q`, req.Per)
-	}
-	burst := *req.Rate
-	if req.Burst != nil {
-		if *req.Burst < 1 {
-			return ratelimit.Limit{}, fmt.Errorf(`"burst" must be >= 1, got %d`, *req.Burst)
-		}
-		burst = *req.Burst
-	}
-	limit := ratelimit.Limit{Rate: *req.Rate, Per: per, Burst: burst}
-	if err := limit.Validate(); err != nil {
-		return ratelimit.Limit{}, err
-	}
-	return limit, nil
+	return nil
 }
 
 // refresh re-reads the overrides so that this server's answer (and this
@@ -221,27 +208,6 @@ func (c *controlAPI) stored(w http.ResponseWriter, what, key string, err error) 
 	c.server.log.Error("monitoring: admin override failed", "action", what, "key", key, "err", err)
 	writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
 	return false
-}
-
-// decodeBody decodes one JSON object into v, refusing unknown fields,
-// anything after the object and bodies over maxBodyBytes.
-func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
-	if err != nil {
-		return fmt.Errorf("cannot read the body: %v", err)
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		if errors.Is(err, io.EOF) {
-			return errors.New("the body is empty; want a JSON object")
-		}
-		return fmt.Errorf("the body is not the JSON object expected: %v", err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return errors.New("the body holds more than one JSON value; want one object")
-	}
-	return nil
 }
 
 func badRequest(w http.ResponseWriter, msg string) {

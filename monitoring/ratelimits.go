@@ -3,7 +3,6 @@ package monitoring
 import (
 	"cmp"
 	"context"
-	"slices"
 
 	"github.com/fleetcap/fleetcap/ratelimit"
 )
@@ -87,6 +86,23 @@ func (s *snapshotter) rateRow(k RateKeyInfo, template string) RateLimitStatus {
 	return RateLimitStatus{Kind: KindRate, Key: k.Key, RateSpec: specOf(limit), Configured: specOf(k.Limit), Override: over}
 }
 
+// rateTemplateRow is the row of the template name whose rendered keys have
+// the configured limit.
+func (s *snapshotter) rateTemplateRow(name string, configured ratelimit.Limit) RateLimitStatus {
+	row := s.rateRow(RateKeyInfo{Key: name, Limit: configured}, name)
+	row.Template = true
+	return row
+}
+
+// inUse reports whether some of the key's tokens are taken.
+func (r RateLimitStatus) inUse() bool { return *r.Remaining < r.Burst }
+
+// count counts one of a template's rendered keys in the template's row.
+func (r *RateLimitStatus) count(RateLimitStatus) { r.Keys++ }
+
+// setBusiest sets the rendered keys listed beneath a template's row.
+func (r *RateLimitStatus) setBusiest(rendered []RateLimitStatus) { r.Busiest = rendered }
+
 // readRates reads the remaining tokens of every listed plain and rendered
 // rate-limit key, and returns the rows busiest first, templates with their
 // busiest rendered keys beneath.
@@ -98,27 +114,13 @@ func (s *snapshotter) readRates(ctx context.Context) ([]RateLimitStatus, error) 
 	if err != nil {
 		return nil, err
 	}
-	templates := map[string]*RateLimitStatus{}
-	var order []string
-	addTemplate := func(k RateKeyInfo) *RateLimitStatus {
-		t, ok := templates[k.Template]
-		if !ok {
-			row := s.rateRow(RateKeyInfo{Key: k.Template, Limit: k.Limit}, k.Template)
-			row.Template = true
-			t = &row
-			templates[k.Template] = t
-			order = append(order, k.Template)
-		}
-		return t
-	}
+	rows := newTemplateRows[RateLimitStatus]()
 	var lookups []RateKeyInfo
 	seen := map[string]bool{}
 	for _, k := range infos {
 		switch {
 		case k.Template != "" && k.Template == k.Key:
-			t := addTemplate(k)
-			*t = s.rateRow(k, k.Key) // the template's own entry wins
-			t.Template = true
+			rows.setTemplate(k.Key, s.rateTemplateRow(k.Key, k.Limit)) // the template's own entry wins
 		case !seen[k.Key]:
 			seen[k.Key] = true
 			lookups = append(lookups, k)
@@ -138,28 +140,10 @@ func (s *snapshotter) readRates(ctx context.Context) ([]RateLimitStatus, error) 
 	if err != nil {
 		return nil, err
 	}
-	var rows []RateLimitStatus
-	children := map[string][]RateLimitStatus{}
 	for i, k := range lookups {
-		if k.Template == "" {
-			rows = append(rows, results[i])
-			continue
-		}
-		t := addTemplate(k)
-		t.Keys++
-		if *results[i].Remaining < results[i].Burst {
-			children[k.Template] = append(children[k.Template], results[i])
-		}
+		rows.add(k.Template, results[i], func() RateLimitStatus { return s.rateTemplateRow(k.Template, k.Limit) })
 	}
-	for _, name := range order {
-		t := templates[name]
-		busy := children[name]
-		slices.SortFunc(busy, busiestRateFirst)
-		t.Busiest = busy[:min(len(busy), s.busiest)]
-		rows = append(rows, *t)
-	}
-	slices.SortStableFunc(rows, busiestRateFirst)
-	return rows, nil
+	return rows.sorted(s.busiest, busiestRateFirst), nil
 }
 
 // inParallel calls fn(0..n-1), lookupParallelism at a time, and returns

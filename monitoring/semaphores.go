@@ -3,7 +3,6 @@ package monitoring
 import (
 	"cmp"
 	"context"
-	"slices"
 	"sync"
 	"time"
 
@@ -180,12 +179,31 @@ func (s *snapshotter) isKnown(ctx context.Context, key string) (bool, error) {
 	return false, nil
 }
 
-// setCapacity sets the configured capacity of a template row and the one
-// in force.
-func (t *SemaphoreStatus) setCapacity(s *snapshotter, configured int) {
-	t.ConfiguredCapacity = configured
-	t.Capacity, t.Override = s.capacityFor(t.Key, t.Key, configured)
+// templateStatus is the row of the template name whose rendered keys have
+// the configured capacity, without their seats and waiting.
+func (s *snapshotter) templateStatus(name string, configured int) SemaphoreStatus {
+	capacity, over := s.capacityFor(name, name, configured)
+	return SemaphoreStatus{
+		Kind: KindSemaphore, Key: name, Capacity: capacity, ConfiguredCapacity: configured, Override: over,
+		Holders: []HolderStatus{}, Template: true,
+	}
 }
+
+// inUse reports whether the key has seats held or tasks waiting.
+func (st SemaphoreStatus) inUse() bool { return st.Used > 0 || st.Waiting > 0 }
+
+// count adds the seats and waiting of one of a template's rendered keys to
+// the template's row.
+func (st *SemaphoreStatus) count(rendered SemaphoreStatus) {
+	st.Keys++
+	st.Used += rendered.Used
+	st.Waiting += rendered.Waiting
+	st.Standby += rendered.Standby
+	st.OldestWaitSeconds = max(st.OldestWaitSeconds, rendered.OldestWaitSeconds)
+}
+
+// setBusiest sets the rendered keys listed beneath a template's row.
+func (st *SemaphoreStatus) setBusiest(rendered []SemaphoreStatus) { st.Busiest = rendered }
 
 // snapshot returns the rows of the page.
 func (s *snapshotter) snapshot(ctx context.Context) (*pageSnapshot, error) {
@@ -213,55 +231,18 @@ func (s *snapshotter) read(ctx context.Context) ([]SemaphoreStatus, error) {
 	}
 	// Plain and rendered keys hold seats; read them all, a few at a time.
 	lookups, declared := splitKeys(infos)
-	templates := map[string]*SemaphoreStatus{}
-	var order []string // templates in declaration order
-	addTemplate := func(name string, configured int) *SemaphoreStatus {
-		t, ok := templates[name]
-		if !ok {
-			t = &SemaphoreStatus{Kind: KindSemaphore, Key: name, Holders: []HolderStatus{}, Template: true}
-			t.setCapacity(s, configured)
-			templates[name] = t
-			order = append(order, name)
-		}
-		return t
-	}
+	rows := newTemplateRows[SemaphoreStatus]()
 	for _, k := range declared {
-		addTemplate(k.Key, k.Capacity).setCapacity(s, k.Capacity) // the template's own entry wins
+		rows.setTemplate(k.Key, s.templateStatus(k.Key, k.Capacity)) // the template's own entry wins
 	}
 	results, err := inParallel(len(lookups), func(i int) (SemaphoreStatus, error) { return s.status(ctx, lookups[i]) })
 	if err != nil {
 		return nil, err
 	}
-
-	var rows []SemaphoreStatus
-	children := map[string][]SemaphoreStatus{}
 	for i, k := range lookups {
-		if k.Template == "" {
-			rows = append(rows, results[i])
-			continue
-		}
-		t := addTemplate(k.Template, k.Capacity)
-		t.Keys++
-		t.Used += results[i].Used
-		t.Waiting += results[i].Waiting
-		t.Standby += results[i].Standby
-		t.OldestWaitSeconds = max(t.OldestWaitSeconds, results[i].OldestWaitSeconds)
-		if results[i].Used > 0 || results[i].Waiting > 0 {
-			children[k.Template] = append(children[k.Template], results[i])
-		}
+		rows.add(k.Template, results[i], func() SemaphoreStatus { return s.templateStatus(k.Template, k.Capacity) })
 	}
-	for _, name := range order {
-		t := templates[name]
-		busy := children[name]
-		slices.SortFunc(busy, busiestFirst)
-		if len(busy) > s.busiest {
-			busy = busy[:s.busiest]
-		}
-		t.Busiest = busy
-		rows = append(rows, *t)
-	}
-	slices.SortStableFunc(rows, busiestFirst)
-	return rows, nil
+	return rows.sorted(s.busiest, busiestFirst), nil
 }
 
 // status reads the holders and the waiting room of one key.

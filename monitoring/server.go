@@ -185,11 +185,13 @@ func NewServer(opts ServerOptions) (*Server, error) {
 	}
 	if opts.Overrides != nil {
 		s.ctl = &controlAPI{server: s, overrides: opts.Overrides, lookupKey: opts.LookupKey, lookupRateKey: opts.LookupRateKey}
-		mux.HandleFunc("PUT /api/semaphores/{key}/capacity", s.ctl.putCapacity)
-		mux.HandleFunc("DELETE /api/semaphores/{key}/capacity", s.ctl.deleteCapacity)
+		capacity := s.ctl.capacityOverride()
+		mux.HandleFunc("PUT /api/semaphores/{key}/capacity", capacity.put)
+		mux.HandleFunc("DELETE /api/semaphores/{key}/capacity", capacity.delete)
 		if opts.RateLimiter != nil {
-			mux.HandleFunc("PUT /api/ratelimits/{key}", s.ctl.putRate)
-			mux.HandleFunc("DELETE /api/ratelimits/{key}", s.ctl.deleteRate)
+			rate := s.ctl.rateOverride()
+			mux.HandleFunc("PUT /api/ratelimits/{key}", rate.put)
+			mux.HandleFunc("DELETE /api/ratelimits/{key}", rate.delete)
 		}
 	}
 	s.http = &http.Server{
