@@ -89,10 +89,7 @@ func (c RateLimitConfig) withDefaults(typ string, written fieldSet, path string)
 
 // validate checks one rate limit at field.
 func (c RateLimitConfig) validate(v *validator, field string) {
-	kt, err := ParseKeyTemplate(c.Key)
-	if err != nil {
-		v.add(field+".key", "%v", err)
-	}
+	kt := v.keyTemplate(field, c.Key)
 	if c.Rate < 1 {
 		v.add(field+".rate", "must be >= 1, got %d", c.Rate)
 	}
@@ -116,29 +113,20 @@ func (c RateLimitConfig) validate(v *validator, field string) {
 			v.add(field+".rate", "%v", err)
 		}
 	}
-	switch c.Mode {
-	case ModeRequeue, ModeWait:
-	default:
-		v.add(field+".mode", "must be %q or %q, got %q", ModeRequeue, ModeWait, c.Mode)
-	}
+	v.mode(field, c.Mode)
 	if c.WaitTimeout <= 0 {
 		v.add(field+".wait_timeout", "must be a duration > 0, got %s", c.WaitTimeout)
 	}
-	if len(c.RateOverrides) > 0 && kt != nil && !kt.IsTemplate() {
-		v.add(field+".rate_overrides", "only a key template such as \"stripe:{account_id}\" can have overrides; key %q is plain", c.Key)
+	v.keyOverrides(field+".rate_overrides", kt, c.RateOverrides, "stripe:{account_id}", c.overrideValid)
+}
+
+// overrideValid checks the limit that a rate override gives the rendered
+// key; a bad per or burst is reported on its own.
+func (c RateLimitConfig) overrideValid(renderedKey string) error {
+	if c.Per <= 0 || c.Burst < 1 {
+		return nil
 	}
-	for _, k := range slices.Sorted(maps.Keys(c.RateOverrides)) {
-		f := fmt.Sprintf("%s.rate_overrides[%s]", field, strconv.Quote(k))
-		n := c.RateOverrides[k]
-		if n < 1 {
-			v.add(f, "must be >= 1, got %d", n)
-		} else if err := c.LimitFor(k).Validate(); err != nil && c.Per > 0 && c.Burst >= 1 {
-			v.add(f, "%v", err)
-		}
-		if kt != nil && kt.IsTemplate() && !kt.Matches(k) {
-			v.add(f, "%q is not a key that template %q renders", k, c.Key)
-		}
-	}
+	return c.LimitFor(renderedKey).Validate()
 }
 
 // validateRateLimits checks the rate limits of every task: each on its own,
@@ -146,7 +134,7 @@ func (c RateLimitConfig) validate(v *validator, field string) {
 // with one limit (every worker must agree on a key's rate, or the faster
 // one lets more through).
 func (c *Config) validateRateLimits(v *validator) {
-	var decls []declaredRate
+	var decls []declared[RateLimitConfig]
 	for _, typ := range c.TaskTypes() {
 		inTask := map[string]string{} // key -> field, within this task
 		for i, rl := range c.Tasks[typ].RateLimits {
@@ -158,51 +146,33 @@ func (c *Config) validateRateLimits(v *validator) {
 			}
 			inTask[rl.Key] = f
 			if kt, err := ParseKeyTemplate(rl.Key); err == nil && rl.Rate >= 1 && rl.Per > 0 {
-				decls = append(decls, declaredRate{field: f, rl: rl, kt: kt})
+				decls = append(decls, declared[RateLimitConfig]{field: f, conf: rl, kt: kt})
 			}
 		}
 	}
-	checkRateClashes(v, decls)
+	checkOverlaps(v, decls, compareAlikeRates, compareRenderedRate)
 }
 
-// declaredRate is one declared rate limit with its parsed key.
-type declaredRate struct {
-	field string
-	rl    RateLimitConfig
-	kt    *KeyTemplate
-}
-
-// checkRateClashes reports two declarations that render one key with two
-// limits: one key (or template) declared twice, templates of one shape
-// ("stripe:{account_id}" and "stripe:{account}"), or a plain key that a
-// template renders. As for caps, templates of different shapes that can
-// still render one key are not detected.
-func checkRateClashes(v *validator, decls []declaredRate) {
-	for j, b := range decls {
-		for _, a := range decls[:j] {
-			at, bt := a.kt.IsTemplate(), b.kt.IsTemplate()
-			switch {
-			case a.rl.Key == b.rl.Key, at && bt && a.kt.shape() == b.kt.shape():
-				if a.rl.Limit() != b.rl.Limit() {
-					v.add(b.field+".rate", "key %q is limited to %s here but %s in %s", b.rl.Key, b.rl.Limit(), a.rl.Limit(), a.field)
-				}
-				for _, k := range slices.Sorted(maps.Keys(mergedKeys(a.rl.RateOverrides, b.rl.RateOverrides))) {
-					if la, lb := a.rl.LimitFor(k), b.rl.LimitFor(k); la != lb {
-						v.add(fmt.Sprintf("%s.rate_overrides[%s]", b.field, strconv.Quote(k)),
-							"key %q is limited to %s here but %s in %s", k, lb, la, a.field)
-					}
-				}
-			case at != bt:
-				plain, tmpl := a, b
-				if at {
-					plain, tmpl = b, a
-				}
-				if tmpl.kt.Matches(plain.rl.Key) && tmpl.rl.LimitFor(plain.rl.Key) != plain.rl.Limit() {
-					v.add(b.field+".rate", "key %q is limited to %s in %s, but template %q of %s renders it with %s",
-						plain.rl.Key, plain.rl.Limit(), plain.field, tmpl.rl.Key, tmpl.field, tmpl.rl.LimitFor(plain.rl.Key))
-				}
-			}
+// compareAlikeRates reports a and then b, one key (or template) declared
+// twice or templates of one shape, that give one key two limits.
+func compareAlikeRates(v *validator, a, b declared[RateLimitConfig]) {
+	if a.conf.Limit() != b.conf.Limit() {
+		v.add(b.field+".rate", "key %q is limited to %s here but %s in %s", b.conf.Key, b.conf.Limit(), a.conf.Limit(), a.field)
+	}
+	for _, k := range slices.Sorted(maps.Keys(mergedKeys(a.conf.RateOverrides, b.conf.RateOverrides))) {
+		if la, lb := a.conf.LimitFor(k), b.conf.LimitFor(k); la != lb {
+			v.add(fmt.Sprintf("%s.rate_overrides[%s]", b.field, strconv.Quote(k)),
+				"key %q is limited to %s here but %s in %s", k, lb, la, a.field)
 		}
+	}
+}
+
+// compareRenderedRate reports at field a plain key that a template renders
+// with another limit.
+func compareRenderedRate(v *validator, plain, tmpl declared[RateLimitConfig], field string) {
+	if limit := tmpl.conf.LimitFor(plain.conf.Key); limit != plain.conf.Limit() {
+		v.add(field+".rate", "key %q is limited to %s in %s, but template %q of %s renders it with %s",
+			plain.conf.Key, plain.conf.Limit(), plain.field, tmpl.conf.Key, tmpl.field, limit)
 	}
 }
 

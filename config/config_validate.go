@@ -47,6 +47,50 @@ func (v *validator) add(field, format string, args ...any) {
 	v.errs = append(v.errs, fieldError{path: field, msg: fmt.Sprintf(format, args...)})
 }
 
+// keyTemplate parses the key of the cap or rate limit at field, and
+// reports it at field+".key" when it does not parse (nil then).
+func (v *validator) keyTemplate(field, key string) *KeyTemplate {
+	kt, err := ParseKeyTemplate(key)
+	if err != nil {
+		v.add(field+".key", "%v", err)
+	}
+	return kt
+}
+
+// mode checks the mode m of the cap or rate limit at field.
+func (v *validator) mode(field string, m Mode) {
+	switch m {
+	case ModeRequeue, ModeWait:
+	default:
+		v.add(field+".mode", "must be %q or %q, got %q", ModeRequeue, ModeWait, m)
+	}
+}
+
+// keyOverrides checks the overrides of single rendered keys at field
+// (capacity_overrides or rate_overrides) of a cap or rate limit whose key
+// parsed as kt (nil: it did not parse, which is reported already): only a
+// template has them, such as example; each is >= 1, and each key is one
+// the template renders. check, if not nil, checks an override >= 1
+// further.
+func (v *validator) keyOverrides(field string, kt *KeyTemplate, overrides map[string]int, example string, check func(renderedKey string) error) {
+	if len(overrides) > 0 && kt != nil && !kt.IsTemplate() {
+		v.add(field, "only a key template such as %q can have overrides; key %q is plain", example, kt.String())
+	}
+	for _, k := range slices.Sorted(maps.Keys(overrides)) {
+		f := fmt.Sprintf("%s[%s]", field, strconv.Quote(k))
+		if n := overrides[k]; n < 1 {
+			v.add(f, "must be >= 1, got %d", n)
+		} else if check != nil {
+			if err := check(k); err != nil {
+				v.add(f, "%v", err)
+			}
+		}
+		if kt != nil && kt.IsTemplate() && !kt.Matches(k) {
+			v.add(f, "%q is not a key that template %q renders", k, kt.String())
+		}
+	}
+}
+
 func (c *Config) validateRedis(v *validator) {
 	r := c.Redis
 	if r.URL != "" && len(r.ClusterAddrs) > 0 {
@@ -137,8 +181,8 @@ type declaredCap struct {
 
 func (c *Config) validateTasks(v *validator) {
 	keys := map[string]declaredCap{} // key or key template -> first declaration
-	var decls []declaredKey          // every cap, in order, for checkRenderClashes
-	defer func() { checkRenderClashes(v, decls) }()
+	var decls []declared[CapConfig]  // every cap, in order, for checkOverlaps
+	defer func() { checkOverlaps(v, decls, compareAlikeCaps, compareRenderedCap) }()
 	for _, typ := range c.TaskTypes() {
 		t := c.Tasks[typ]
 		field := taskPath(typ)
@@ -178,7 +222,7 @@ func (c *Config) validateTasks(v *validator) {
 			inTask[cp.Key] = f
 			checkConsistent(v, keys, f, cp)
 			if kt, err := ParseKeyTemplate(cp.Key); err == nil && cp.Capacity >= 1 {
-				decls = append(decls, declaredKey{field: f, cp: cp, kt: kt})
+				decls = append(decls, declared[CapConfig]{field: f, conf: cp, kt: kt})
 			}
 		}
 	}
@@ -186,18 +230,11 @@ func (c *Config) validateTasks(v *validator) {
 
 // validate checks one cap at field.
 func (cp CapConfig) validate(v *validator, field string) {
-	kt, err := ParseKeyTemplate(cp.Key)
-	if err != nil {
-		v.add(field+".key", "%v", err)
-	}
+	kt := v.keyTemplate(field, cp.Key)
 	if cp.Capacity < 1 {
 		v.add(field+".capacity", "must be >= 1, got %d", cp.Capacity)
 	}
-	switch cp.Mode {
-	case ModeRequeue, ModeWait:
-	default:
-		v.add(field+".mode", "must be %q or %q, got %q", ModeRequeue, ModeWait, cp.Mode)
-	}
+	v.mode(field, cp.Mode)
 	if cp.TTL < minTTL {
 		v.add(field+".ttl", "must be at least %s, got %s", minTTL, cp.TTL)
 	}
@@ -212,18 +249,7 @@ func (cp CapConfig) validate(v *validator, field string) {
 	default:
 		v.add(field+".on_lease_lost", "must be %q or %q, got %q", LeaseLostCancel, LeaseLostContinue, cp.OnLeaseLost)
 	}
-	if len(cp.CapacityOverrides) > 0 && kt != nil && !kt.IsTemplate() {
-		v.add(field+".capacity_overrides", "only a key template such as \"tenant:{tenant_id}\" can have overrides; key %q is plain", cp.Key)
-	}
-	for _, k := range slices.Sorted(maps.Keys(cp.CapacityOverrides)) {
-		f := fmt.Sprintf("%s.capacity_overrides[%s]", field, strconv.Quote(k))
-		if n := cp.CapacityOverrides[k]; n < 1 {
-			v.add(f, "must be >= 1, got %d", n)
-		}
-		if kt != nil && kt.IsTemplate() && !kt.Matches(k) {
-			v.add(f, "%q is not a key that template %q renders", k, cp.Key)
-		}
-	}
+	v.keyOverrides(field+".capacity_overrides", kt, cp.CapacityOverrides, "tenant:{tenant_id}", nil)
 	cp.validateFairShare(v, field)
 	cp.validateCost(v, field)
 	if cp.MaxWaiting < 0 || cp.MaxWaiting == 0 && v.wrote(field+".max_waiting") {
@@ -317,55 +343,76 @@ func checkConsistent(v *validator, keys map[string]declaredCap, field string, cp
 	}
 }
 
-// declaredKey is one declared cap with its parsed key.
-type declaredKey struct {
+// declared is one declaration of a cap or rate limit (C is CapConfig or
+// RateLimitConfig) at field, with its key parsed.
+type declared[C any] struct {
 	field string
-	cp    CapConfig
+	conf  C
 	kt    *KeyTemplate
 }
 
-// checkRenderClashes reports two different declared keys that render the
-// same semaphore key with different capacities: templates of the same shape
-// ("tenant:{tenant_id}" and "tenant:{tenant}"), or a plain key that a
-// template renders ("tenant:acme" beside "tenant:{tenant_id}"). Every worker
-// must agree on a semaphore's size, or the larger one lets more in.
-// Templates of different shapes that can still render one key ("t:{a}" and
-// "t:x{b}") are not detected.
-func checkRenderClashes(v *validator, decls []declaredKey) {
+// checkOverlaps compares every two declarations whose keys render one key:
+// every worker must agree on a key's capacity or limit, or the larger one
+// lets more in. alike compares a with b, declared after it, where both
+// declare one key (or template) or templates of one shape ("tenant:{id}"
+// and "tenant:{tenant}"); rendered compares plain, a plain key, with tmpl,
+// a template that renders it, and reports at field, that of the later of
+// the two. Templates of different shapes that can still render one key
+// ("t:{a}" and "t:x{b}") are not detected.
+func checkOverlaps[C any](v *validator, decls []declared[C],
+	alike func(v *validator, a, b declared[C]),
+	rendered func(v *validator, plain, tmpl declared[C], field string),
+) {
 	for j, b := range decls {
 		for _, a := range decls[:j] {
-			if a.cp.Key == b.cp.Key {
-				continue // checkConsistent compares these
-			}
-			switch at, bt := a.kt.IsTemplate(), b.kt.IsTemplate(); {
-			case at && bt && a.kt.shape() == b.kt.shape():
-				if a.cp.Capacity != b.cp.Capacity {
-					v.add(b.field+".capacity", "template %q renders the same keys as %q of %s, with capacity %d there but %d here",
-						b.cp.Key, a.cp.Key, a.field, a.cp.Capacity, b.cp.Capacity)
-				}
-				for _, k := range slices.Sorted(maps.Keys(b.cp.CapacityOverrides)) {
-					if a.cp.CapacityFor(k) != b.cp.CapacityFor(k) {
-						v.add(fmt.Sprintf("%s.capacity_overrides[%s]", b.field, strconv.Quote(k)),
-							"key %q has capacity %d under %q of %s but %d here", k, a.cp.CapacityFor(k), a.cp.Key, a.field, b.cp.CapacityFor(k))
-					}
-				}
-				for _, k := range slices.Sorted(maps.Keys(a.cp.CapacityOverrides)) {
-					if _, ok := b.cp.CapacityOverrides[k]; !ok && a.cp.CapacityFor(k) != b.cp.CapacityFor(k) {
-						v.add(b.field+".capacity_overrides", "%s overrides key %q (capacity %d) but this cap gives it %d",
-							a.field, k, a.cp.CapacityFor(k), b.cp.CapacityFor(k))
-					}
-				}
+			at, bt := a.kt.IsTemplate(), b.kt.IsTemplate()
+			switch {
+			case a.kt.String() == b.kt.String(), at && bt && a.kt.shape() == b.kt.shape():
+				alike(v, a, b)
 			case at != bt:
 				plain, tmpl := a, b
 				if at {
 					plain, tmpl = b, a
 				}
-				if tmpl.kt.Matches(plain.cp.Key) && tmpl.cp.CapacityFor(plain.cp.Key) != plain.cp.Capacity {
-					v.add(b.field+".capacity", "key %q has capacity %d in %s, but template %q of %s renders it with capacity %d",
-						plain.cp.Key, plain.cp.Capacity, plain.field, tmpl.cp.Key, tmpl.field, tmpl.cp.CapacityFor(plain.cp.Key))
+				if tmpl.kt.Matches(plain.kt.String()) {
+					rendered(v, plain, tmpl, b.field)
 				}
 			}
 		}
+	}
+}
+
+// compareAlikeCaps reports two templates of one shape, a and then b, that
+// render one key with two capacities. A key declared twice is
+// checkConsistent's to compare.
+func compareAlikeCaps(v *validator, a, b declared[CapConfig]) {
+	if a.conf.Key == b.conf.Key {
+		return
+	}
+	if a.conf.Capacity != b.conf.Capacity {
+		v.add(b.field+".capacity", "template %q renders the same keys as %q of %s, with capacity %d there but %d here",
+			b.conf.Key, a.conf.Key, a.field, a.conf.Capacity, b.conf.Capacity)
+	}
+	for _, k := range slices.Sorted(maps.Keys(b.conf.CapacityOverrides)) {
+		if a.conf.CapacityFor(k) != b.conf.CapacityFor(k) {
+			v.add(fmt.Sprintf("%s.capacity_overrides[%s]", b.field, strconv.Quote(k)),
+				"key %q has capacity %d under %q of %s but %d here", k, a.conf.CapacityFor(k), a.conf.Key, a.field, b.conf.CapacityFor(k))
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(a.conf.CapacityOverrides)) {
+		if _, ok := b.conf.CapacityOverrides[k]; !ok && a.conf.CapacityFor(k) != b.conf.CapacityFor(k) {
+			v.add(b.field+".capacity_overrides", "%s overrides key %q (capacity %d) but this cap gives it %d",
+				a.field, k, a.conf.CapacityFor(k), b.conf.CapacityFor(k))
+		}
+	}
+}
+
+// compareRenderedCap reports at field a plain key that a template renders
+// with another capacity.
+func compareRenderedCap(v *validator, plain, tmpl declared[CapConfig], field string) {
+	if n := tmpl.conf.CapacityFor(plain.conf.Key); n != plain.conf.Capacity {
+		v.add(field+".capacity", "key %q has capacity %d in %s, but template %q of %s renders it with capacity %d",
+			plain.conf.Key, plain.conf.Capacity, plain.field, tmpl.conf.Key, tmpl.field, n)
 	}
 }
 
