@@ -2,6 +2,7 @@ package semaphore_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -53,9 +54,10 @@ func TestQuickPathNeverOvertakesAWaiter(t *testing.T) {
 	}
 }
 
-// TestIdleKeyCycleTakesTheQuickPath: a TryAcquire and a Release on a key
-// nobody waits for are one call of quick.lua each, not the waiting room's
-// scripts (which would cost Redis about three times the time).
+// TestIdleKeyCycleTakesTheQuickPath: a TryAcquire, an Acquire or a task's
+// Enter, and their Release, on a key nobody waits for are one call of
+// quick.lua each, not the waiting room's scripts (which would cost Redis
+// about three times the time).
 func TestIdleKeyCycleTakesTheQuickPath(t *testing.T) {
 	srv := redistest.Start(t)
 	s := newService(t, srv.Client())
@@ -71,11 +73,23 @@ func TestIdleKeyCycleTakesTheQuickPath(t *testing.T) {
 	if err := admin.SlowLogReset(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	const cycles = 20
-	for range cycles {
-		p, err := s.TryAcquire(ctx, key, 10)
+	const cycles = 30
+	for i := range cycles {
+		var p *semaphore.Permit
+		var err error
+		switch i % 3 {
+		case 0:
+			p, err = s.TryAcquire(ctx, key, 10)
+		case 1:
+			p, err = s.Acquire(ctx, key, 10)
+		case 2:
+			var e *semaphore.Entry
+			if e, err = s.Enter(ctx, key, 10, "task-"+strconv.Itoa(i), roomOf(1)); err == nil {
+				p = e.Permit
+			}
+		}
 		if err != nil || p == nil {
-			t.Fatalf("TryAcquire on an idle key: %v, %v", p, err)
+			t.Fatalf("cycle %d on an idle key: %v, %v", i, p, err)
 		}
 		if err := p.Release(ctx); err != nil {
 			t.Fatal(err)
@@ -93,5 +107,34 @@ func TestIdleKeyCycleTakesTheQuickPath(t *testing.T) {
 	}
 	if quick := semaphore.QuickScriptHash(); bySHA[quick] != 2*cycles || len(bySHA) != 1 {
 		t.Errorf("script calls by SHA1 %v: want %d of quick.lua (%s) and no other", bySHA, 2*cycles, quick)
+	}
+}
+
+// TestEnterAfterAsideLeavesNoAside: a token that stepped aside (its task
+// waited for another cap) and comes back to a free seat leaves the room
+// for good: the quick path, which does not look for tokens, stands aside
+// when any token stepped aside, and the room's script forgets it.
+func TestEnterAfterAsideLeavesNoAside(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newService(t, srv.Client())
+	key := uniqueKey(t)
+	ctx := context.Background()
+	if ok, err := s.Reserve(ctx, key, 2, "task-1", roomOf(1)); err != nil || !ok {
+		t.Fatalf("Reserve on an idle key: %v, %v", ok, err)
+	}
+	if err := s.StepAside(ctx, key, "task-1"); err != nil {
+		t.Fatal(err)
+	}
+	asideKey := semaphore.DefaultPrefix + "{" + key + "}:aside"
+	if n, err := srv.Client().Exists(ctx, asideKey).Result(); err != nil || n != 1 {
+		t.Fatalf("no aside key %s after StepAside: %d, %v", asideKey, n, err)
+	}
+	e, err := s.Enter(ctx, key, 2, "task-1", roomOf(1))
+	if err != nil || e.Permit == nil {
+		t.Fatalf("Enter to a free seat: %+v, %v", e, err)
+	}
+	defer e.Permit.Release(ctx)
+	if n, err := srv.Client().Exists(ctx, asideKey).Result(); err != nil || n != 0 {
+		t.Errorf("the token that took its seat is still aside (%s exists: %d, %v)", asideKey, n, err)
 	}
 }

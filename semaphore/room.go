@@ -124,10 +124,20 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 			e.Permit, _, err = s.keepUnlessClosed(p, 1)
 			return e.Permit, 1, err
 		}
+		want := s.spareWant(req)
+		if want == 0 {
+			if p, done, err := s.quickTake(req, true); done {
+				if err != nil {
+					return nil, 1, &AcquisitionError{Key: key, Reason: ReasonError, Attempts: 1, Err: err}
+				}
+				e.Permit, _, err = s.keepUnlessClosed(p, 1)
+				return e.Permit, 1, err
+			}
+		}
 		e.w = newWaiter(req, token)
 		s.add(e.w)
 		extra, spare := room.args(), ""
-		if want := s.spareWant(req); want > 0 {
+		if want > 0 {
 			spare = member(randomID(), "spare:"+s.id)
 			extra = append(extra, "spare", want, "sparemember", spare)
 		}

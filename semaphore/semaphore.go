@@ -211,7 +211,7 @@ func (k keys) all() []string {
 
 // quick is the KEYS of quick.lua.
 func (k keys) quick() []string {
-	return []string{k.holders, k.waiting, k.parked, k.places, k.fence, k.spares}
+	return []string{k.holders, k.waiting, k.parked, k.places, k.aside, k.fence, k.spares}
 }
 
 // member is a permit's member of the holders ZSET: its id, and its label

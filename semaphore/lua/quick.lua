@@ -5,9 +5,10 @@
 -- caller then asks acquire.lua or release.lua, which do everything.
 --
 -- KEYS[1] holders  ZSET member -> lease expiry (server ms), as in room.lua
--- KEYS[2] waiting, KEYS[3] parked, KEYS[4] places: the room (room.lua)
--- KEYS[5] fence    STRING: the last fence granted (nextfence.lua)
--- KEYS[6] spares   HASH: the processes' spare seats of the key (room.lua)
+-- KEYS[2] waiting, KEYS[3] parked, KEYS[4] places, KEYS[5] aside: the
+--                  room (room.lua)
+-- KEYS[6] fence    STRING: the last fence granted (nextfence.lua)
+-- KEYS[7] spares   HASH: the processes' spare seats of the key (room.lua)
 --
 -- ARGV[1] 'take': ARGV[2] member (permit id, or id "\n" label), ARGV[3]
 --         lease ms, ARGV[4] capacity. One seat.
@@ -15,7 +16,7 @@
 -- ARGV[1] 'give': ARGV[2] member (one seat).
 --         Reply: {'held' | 'lost'} | {'room'}
 
-if redis.call('EXISTS', KEYS[2], KEYS[3], KEYS[4]) > 0 then return {'room'} end
+if redis.call('EXISTS', KEYS[2], KEYS[3], KEYS[4], KEYS[5]) > 0 then return {'room'} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -24,7 +25,7 @@ if ARGV[1] == 'give' then
   if not s then return {'lost'} end
   redis.call('ZREM', KEYS[1], ARGV[2])
   -- The last seat is back: the key idles, and its fence goes with it.
-  if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('DEL', KEYS[5]) end
+  if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('DEL', KEYS[6]) end
   if tonumber(s) > now then return {'held'} end
   return {'lost'}
 end
@@ -32,9 +33,9 @@ end
 local ttl = tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then
-  if redis.call('EXISTS', KEYS[6]) == 1 then return {'room'} end
+  if redis.call('EXISTS', KEYS[7]) == 1 then return {'room'} end
   return {'full', now}
 end
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[2])
 if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl * 2) end
-return {'seat', now, nextFence(KEYS[5], t, ttl)}
+return {'seat', now, nextFence(KEYS[6], t, ttl)}
