@@ -30,6 +30,9 @@ func (s *Service) Acquire(ctx context.Context, key string, permits int, opts ...
 			return s.keepUnlessClosed(p, 1)
 		}
 		w := newWaiter(req, "w:"+randomID())
+		if s.waitBehind(w) {
+			return s.await(ctx, w, "drop")
+		}
 		s.add(w)
 		// Its token was made just now: the room need not look for it.
 		p, rep, err := s.ask(req, w, "join", "new", "1")
@@ -273,7 +276,13 @@ func (s *Service) abandon(w *waiter, how string, reason Reason, cause error) err
 // giveUp takes w out of the room (how: see leave.lua); a seat given to it
 // meanwhile is given back in the same call.
 func (s *Service) giveUp(w *waiter, how string) {
+	if how == "drop" && s.handOn(w) {
+		return // a waiter behind it took its token (behind.go)
+	}
 	s.remove(w)
+	if !s.inRoom(w) {
+		return // it waited behind: nothing of it is in the room
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
 	rep, err := s.runNamed(ctx, leaveScript, w.req.k, s.settleArgs(w.req.key, "token", w.token, "member", w.member, "seats", w.req.cfg.seats, "how", how,

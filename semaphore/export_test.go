@@ -3,15 +3,16 @@ package semaphore
 import "time"
 
 // LocalWaiters counts the waits of s for key (Acquire calls, and tasks
-// standing by) that are in line: their join reached Redis, so that a test
-// that waits for one before it starts the next knows their order. (A wait
-// is registered before its first call, see add.)
+// standing by) that are in line: their join reached Redis, or they wait
+// behind with their arrival (behind.go), so that a test that waits for
+// one before it starts the next knows their order. (A wait is registered
+// before its first call, see add.)
 func (s *Service) LocalWaiters(key string) int {
 	s.waits.mu.Lock()
 	defer s.waits.mu.Unlock()
 	n := 0
 	for wk, w := range s.waits.waiters {
-		if wk.key == key && w.joined && !w.done {
+		if wk.key == key && (w.joined || w.behind) && !w.done {
 			n++
 		}
 	}
@@ -39,3 +40,17 @@ func (s *Service) LineBackoff(key string) time.Duration {
 
 // QuickScriptHash is the SHA1 that calls of quick.lua name, for tests.
 func QuickScriptHash() string { return quickScript.Hash() }
+
+// LateJoins counts the waits of s for key that waited behind and whose
+// join of the room is on the wire (behind.go), for tests.
+func (s *Service) LateJoins(key string) int {
+	s.waits.mu.Lock()
+	defer s.waits.mu.Unlock()
+	n := 0
+	for wk, w := range s.waits.waiters {
+		if wk.key == key && !joinEnded(w) {
+			n++
+		}
+	}
+	return n
+}

@@ -37,7 +37,8 @@ func (s *Service) quickFits(req request) bool {
 	return req.cfg.seats == 1 && !s.busy.Recent(req.key)
 }
 
-// quickTake takes a free seat for req when nobody waits for its key. done
+// quickTake takes a free seat for req when nobody waits for its key (the
+// key is marked busy when it took the last seat). done
 // is false when the call must go through acquire.lua (see above); else p
 // is the seat, or nil when the key is full (a TryAcquire's answer: wait
 // reports whether the caller would wait instead, which makes the key busy
@@ -55,10 +56,13 @@ func (s *Service) quickTake(req request, wait bool) (p *Permit, done bool, err e
 	}
 	outcome, _ := v[0].(string)
 	switch {
-	case outcome == "seat" && len(v) == 3:
+	case outcome == "seat" && len(v) == 4:
 		now, fence, err := quickSeat(v)
 		if err != nil {
 			return nil, true, err
+		}
+		if free, _ := v[3].(int64); free == 0 {
+			s.busy.Mark(req.key) // it took the last seat: the next will likely wait
 		}
 		s.clock.observeMillis(now, sent, time.Now())
 		return s.newPermit(req, id, m, fence, time.UnixMilli(now), sent), true, nil

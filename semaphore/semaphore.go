@@ -28,6 +28,11 @@
 // rule of the line stays as it is. And every seat carries a fencing token
 // (Permit.Fence), above every fence granted on its key before.
 //
+// A call on a key nobody waits for skips the room: quick.lua takes or
+// gives back a seat with one look at it (quick.go). Of a process's Acquire
+// calls that wait for a key, a few join the room and the others wait
+// behind them in the process, keeping their arrivals (behind.go).
+//
 // A cap that is far from full costs its tasks no round trip of their own:
 // a Service with Options.SpareSeats takes a few spare seats of such a key
 // with a seat Enter took, and lends them to its next tasks in memory; the

@@ -52,6 +52,14 @@ type waiter struct {
 	joined   bool         // its token is among the waiting (its first call said so); guarded by mu
 	done     bool         // given a seat or gone: no second delivery; guarded by mu
 	fail     error
+	// Waiting behind (behind.go), guarded by mu: behind while it waits in
+	// this process only, with its arrival since (server µs); inRoom once
+	// its token was sent to the room; joining is closed when a late join
+	// returned.
+	behind  bool
+	since   int64
+	inRoom  bool
+	joining chan struct{}
 }
 
 func newWaiter(req request, token string) *waiter {
@@ -74,6 +82,8 @@ type keyWaits struct {
 	// missed: seats may have been sent to its waiters while the
 	// subscription was not confirmed: its next recheck asks for them
 	missed bool
+	joined int       // its waiters whose tokens were sent to the room, still waiting
+	behind []*waiter // its waiters behind them, in arrival order (behind.go)
 }
 
 // waitRegistry holds a Service's waiters, its keys' recheck loops, and its
@@ -108,6 +118,8 @@ func (s *Service) add(w *waiter) {
 	}
 	kw.n++
 	kw.capacity = w.req.capacity
+	w.inRoom = true
+	kw.joined++
 }
 
 // waitsHere starts, for w that waits in the room now, its key's recheck
@@ -162,9 +174,16 @@ func (s *Service) remove(w *waiter) (seatMsg, bool) {
 	r := &s.waits
 	r.mu.Lock()
 	wk := waitKey{w.req.key, w.token}
+	promote := false
 	if r.waiters[wk] == w {
 		delete(r.waiters, wk)
 		if kw := r.keys[w.req.key]; kw != nil {
+			if w.inRoom {
+				kw.joined--
+				promote = len(kw.behind) > 0
+			} else {
+				kw.leaveBehind(w)
+			}
 			if kw.n--; kw.n == 0 && !kw.looping {
 				delete(r.keys, w.req.key)
 			}
@@ -172,6 +191,9 @@ func (s *Service) remove(w *waiter) (seatMsg, bool) {
 	}
 	w.done = true
 	r.mu.Unlock()
+	if promote {
+		s.promote(w.req.key)
+	}
 	select {
 	case m := <-w.seat:
 		return m, true
@@ -278,8 +300,8 @@ func (s *Service) membersOf(key string) []any {
 	var out []any
 	n := 0
 	for wk, w := range s.waits.waiters {
-		if wk.key != key || w.done {
-			continue // no longer waits
+		if wk.key != key || w.done || !w.inRoom {
+			continue // no longer waits, or not in the room (behind.go)
 		}
 		n++
 		out = append(out, "t"+strconv.Itoa(n), w.token, "m"+strconv.Itoa(n), w.member)

@@ -12,7 +12,10 @@ import (
 )
 
 // TestFirstComeFirstServed: waiters of two processes (Services on their
-// own clients) get a single seat in the order they came.
+// own clients) get a single seat in the order they came. Each holds its
+// seat until no late join of a waiter behind (behind.go) is on the wire:
+// a seat that turns over faster than that round trip may go to a later
+// waiter of the other process.
 func TestFirstComeFirstServed(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
@@ -37,6 +40,9 @@ func TestFirstComeFirstServed(t *testing.T) {
 			mu.Lock()
 			order = append(order, i)
 			mu.Unlock()
+			if !waitfor.Eventually(5*time.Second, func() bool { return a.LateJoins(key)+b.LateJoins(key) == 0 }) {
+				t.Error("a late join of the room was still on the wire after 5s")
+			}
 			if err := p.Release(ctx); err != nil {
 				t.Error(err)
 			}

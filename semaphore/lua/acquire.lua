@@ -22,6 +22,8 @@
 --   new       '1': the token was never in the room (reserve, see
 --             WithNewToken; join, an Acquire's first call), so it is not
 --             looked for
+--   since     join: the waiter's arrival (server µs), when it waited
+--             behind in its process before it joins (see behind.go)
 --   token     the asker's token (join, enter, reserve)
 --   channel   the asker's process; prefix: the channels' prefix; key: the
 --             semaphore's key, named in seat messages
@@ -72,6 +74,8 @@ end
 -- is here).
 local arrival, fresh, inPlace = nowus, true, false
 if token ~= '' and (roomed or (a.share or '') ~= '') then arrival, fresh, inPlace = arrivalOf(token, nowus, a) end
+-- A waiter that waited behind in its process joins with its arrival.
+if fresh and mode == 'join' and a.since and tonumber(a.since) < tonumber(arrival) then arrival = a.since end
 -- keep records a new token's virtual arrival, for a fair key, once it is
 -- kept in the room.
 local function keep()

@@ -12,7 +12,8 @@
 --
 -- ARGV[1] 'take': ARGV[2] member (permit id, or id "\n" label), ARGV[3]
 --         lease ms, ARGV[4] capacity. One seat.
---         Reply: {'seat', now ms, fence} | {'full', now ms} | {'room'}
+--         Reply: {'seat', now ms, fence, seats left free} | {'full', now ms}
+--         | {'room'}
 -- ARGV[1] 'give': ARGV[2] member (one seat).
 --         Reply: {'held' | 'lost'} | {'room'}
 
@@ -32,10 +33,11 @@ end
 
 local ttl = tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then
+local free = tonumber(ARGV[4]) - redis.call('ZCARD', KEYS[1])
+if free <= 0 then
   if redis.call('EXISTS', KEYS[7]) == 1 then return {'room'} end
   return {'full', now}
 end
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[2])
 if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl * 2) end
-return {'seat', now, nextFence(KEYS[6], t, ttl)}
+return {'seat', now, nextFence(KEYS[6], t, ttl), free - 1}
