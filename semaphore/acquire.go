@@ -263,7 +263,12 @@ func (s *Service) seated(w *waiter, m seatMsg) *Permit {
 	if local, known := s.clock.local(now); known && local.Before(at) {
 		at = local
 	}
-	return s.newPermit(w.req, w.id, m.member, m.fence, now, at)
+	p := s.newPermit(w.req, w.id, m.member, m.fence, now, at)
+	if m.pending != nil {
+		p.pending = m.pending
+		go p.resolveHandOver()
+	}
+	return p
 }
 
 // abandon ends w's wait for reason; a seat given to it meanwhile is given

@@ -150,21 +150,26 @@ func (s *Service) handOn(w *waiter) bool {
 	if kw == nil || r.waiters[wk] != w || !w.inRoom || w.done || len(w.seat) > 0 || !joinEnded(w) {
 		return false
 	}
-	for i, b := range kw.behind {
-		if b.done || b.req.cfg.ttl != w.req.cfg.ttl || b.req.capacity != w.req.capacity ||
-			b.req.cfg.seats != w.req.cfg.seats || b.req.cfg.holder != w.req.cfg.holder {
-			continue
-		}
-		kw.behind = append(kw.behind[:i:i], kw.behind[i+1:]...)
-		delete(r.waiters, waitKey{b.req.key, b.token})
-		b.token, b.id, b.member = w.token, w.id, w.member
-		b.behind, b.inRoom, b.joined = false, true, w.joined
-		r.waiters[wk] = b
-		w.done = true
-		kw.n--
-		return true
+	b := kw.sameShapeBehind(w)
+	if b == nil {
+		return false
 	}
-	return false
+	r.passToken(kw, w, b)
+	return true
+}
+
+// passToken makes b, a waiter behind, take over w's token in the room, the
+// seat it asked for and its place; w leaves, with b's permit id for a
+// seat of its own. Caller holds mu.
+func (r *waitRegistry) passToken(kw *keyWaits, w, b *waiter) {
+	kw.leaveBehind(b)
+	delete(r.waiters, waitKey{b.req.key, b.token})
+	w.id, b.id = b.id, w.id
+	w.member, b.member = b.member, w.member
+	b.token, b.behind, b.inRoom, b.joined = w.token, false, true, w.joined
+	r.waiters[waitKey{w.req.key, w.token}] = b
+	w.done = true
+	kw.n--
 }
 
 // joinEnded reports whether w's late join, if it had one, returned.

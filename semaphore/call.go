@@ -159,6 +159,7 @@ func (s *Service) passOn(key string, r reply, now time.Time) {
 		}
 	}
 	s.woke(key, r.strings("woken"))
+	s.noteHead(key, r)
 }
 
 // wakeFlag tells the scripts whether to let tokens out of a room: only a

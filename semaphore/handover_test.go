@@ -114,13 +114,14 @@ func TestLocalHandOverMovesTheSeat(t *testing.T) {
 	}
 }
 
-// TestReleaseOfALostSeatHandsNothingOver: the seat of a releasing permit
-// was lost (here: it lapsed and another process took it, written straight
-// into the store) while a waiter of its own Service stood first in line.
-// The release reports ErrPermitNotHeld and hands the waiter nothing: the
-// intruder holds the only seat. The waiter gets the seat when the
-// intruder's lease runs out, without a release.
-func TestReleaseOfALostSeatHandsNothingOver(t *testing.T) {
+// TestLocalHandOverOfALostSeat: the seat of a releasing permit was lost
+// (here: it lapsed and another process took it, written straight into the
+// store so that nothing tells the holder) while a waiter of its own
+// Service stood first in line. The waiter gets the seat in memory at once;
+// the move then finds it gone: the release reports ErrPermitNotHeld and
+// the new permit is marked lost (the lost seat's holder ran one round trip
+// too long, as any holder of a force-released seat does until it learns).
+func TestLocalHandOverOfALostSeat(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	s := newService(t, srv.Client())
@@ -132,7 +133,7 @@ func TestReleaseOfALostSeatHandsNothingOver(t *testing.T) {
 	if err := raw.ZRem(ctx, holdersKey(key), p.ID()).Err(); err != nil {
 		t.Fatal(err)
 	}
-	intruder := redis.Z{Score: float64(time.Now().Add(time.Second).UnixMilli()), Member: "intruder"}
+	intruder := redis.Z{Score: float64(time.Now().Add(time.Minute).UnixMilli()), Member: "intruder"}
 	if err := raw.ZAdd(ctx, holdersKey(key), intruder).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -140,26 +141,73 @@ func TestReleaseOfALostSeatHandsNothingOver(t *testing.T) {
 	if err := p.Release(ctx); !errors.Is(err, semaphore.ErrPermitNotHeld) {
 		t.Fatalf("release of a lost seat: %v, want ErrPermitNotHeld", err)
 	}
-	select {
-	case q := <-got:
-		t.Fatalf("the waiter got a seat (%v) while the intruder held the only one", q)
-	case <-time.After(300 * time.Millisecond):
+	q := <-got
+	if q == nil {
+		t.FailNow()
 	}
-	if n := s.LocalHandOvers(); n != 0 {
-		t.Fatalf("local hand-overs %d, want 0", n)
+	if n := s.LocalHandOvers(); n != 1 {
+		t.Fatalf("local hand-overs %d, want 1", n)
 	}
 	select {
-	case q := <-got:
-		if q == nil {
-			t.FailNow()
-		}
-		defer q.Release(ctx)
+	case <-q.Lost():
 	case <-time.After(5 * time.Second):
-		t.Fatal("the waiter had no seat 4 s after the intruder's lease ran out")
+		t.Fatal("the permit handed a lost seat is not marked lost")
+	}
+	if held, err := q.IsHeld(ctx); err != nil || held {
+		t.Fatalf("IsHeld = %v, %v; want false", held, err)
+	}
+	if err := q.Release(ctx); !errors.Is(err, semaphore.ErrPermitNotHeld) {
+		t.Fatalf("release of the lost hand-over: %v, want ErrPermitNotHeld", err)
 	}
 	hs, err := s.Holders(ctx, key)
-	if err != nil || len(hs) != 1 || hs[0].PermitID == "intruder" {
-		t.Fatalf("holders %+v (%v), want only the waiter", hs, err)
+	if err != nil || len(hs) != 1 || hs[0].PermitID != "intruder" {
+		t.Fatalf("holders %+v (%v), want only the intruder", hs, err)
+	}
+}
+
+// TestLocalHandOverKeepsArrivalOrder: a seat released by a process goes
+// to its own waiter in memory only while that waiter stands first in
+// line: of a's waiters w1 and w2, and b's x that came between them, a's
+// release goes to w1 in memory, and w1's to x, not to a's own w2.
+func TestLocalHandOverKeepsArrivalOrder(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	a, b := newService(t, srv.Client()), newService(t, srv.Client())
+	key := uniqueKey(t)
+	holder := mustAcquire(t, a, key, 1)
+	served := make(chan string, 3)
+	hold := map[string]chan *semaphore.Permit{"w1": make(chan *semaphore.Permit, 1), "x": make(chan *semaphore.Permit, 1), "w2": make(chan *semaphore.Permit, 1)}
+	for _, w := range []struct {
+		s    *semaphore.Service
+		name string
+	}{{a, "w1"}, {b, "x"}, {a, "w2"}} {
+		before := w.s.LocalWaiters(key)
+		go func() {
+			p, err := w.s.Acquire(ctx, key, 1, semaphore.WithWaitTimeout(10*time.Second))
+			if err != nil {
+				served <- w.name + ": " + err.Error()
+				return
+			}
+			served <- w.name
+			hold[w.name] <- p
+		}()
+		waitfor.Condition(t, 5*time.Second, w.name+" in line", func() bool { return w.s.LocalWaiters(key) == before+1 })
+		serverClockPasses(t, srv.Client(), 20*time.Millisecond)
+	}
+	handed := a.LocalHandOvers()
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"w1", "x", "w2"} {
+		if got := <-served; got != want {
+			t.Fatalf("served %q, want %s (arrival order w1, x, w2)", got, want)
+		}
+		if err := (<-hold[want]).Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a.LocalHandOvers() == handed {
+		t.Error("a's release went to w1 through the store: no hand-over in memory was tried")
 	}
 }
 

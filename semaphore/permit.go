@@ -19,8 +19,9 @@ type Permit struct {
 	fence     uint64 // its fencing token (see Fence)
 	capacity  int
 	cfg       acquireConfig
-	from      *spareBlock // the spare seats it was lent from; nil for its own seat
-	fenceOnce sync.Once   // draws the fence of a lent seat
+	from      *spareBlock   // the spare seats it was lent from; nil for its own seat
+	pending   *pendingFence // a seat handed over in memory, until its move answers (handover.go)
+	fenceOnce sync.Once     // draws the fence of a lent seat, or waits for a handed-over one's
 
 	mu          sync.Mutex
 	acquiredAt  time.Time // server time
@@ -89,10 +90,15 @@ func (p *Permit) ID() string { return p.id }
 // A seat lent from a process's spare seats (see Options.SpareSeats) draws
 // its fence on the first call, a round trip; when its spare seats are
 // gone or the store cannot be reached, that fence is 0 (logged), which a
-// resource that has seen any fence refuses.
+// resource that has seen any fence refuses. A seat handed over in memory
+// by a holder of this process (handover.go) waits for its move, a round
+// trip that is usually over.
 func (p *Permit) Fence() uint64 {
-	if p.from != nil {
+	switch {
+	case p.from != nil:
 		p.fenceOnce.Do(func() { p.fence = p.s.drawFence(p) })
+	case p.pending != nil:
+		p.awaitMove()
 	}
 	return p.fence
 }
@@ -123,6 +129,7 @@ func (p *Permit) TTL() time.Duration {
 
 // AcquiredAt is when the seat was taken, by the Redis server's clock.
 func (p *Permit) AcquiredAt() time.Time {
+	p.awaitMove()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.acquiredAt
@@ -134,6 +141,7 @@ func (p *Permit) ExpiresAt() time.Time {
 	if p.from != nil {
 		return p.from.permit.ExpiresAt()
 	}
+	p.awaitMove()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.expiresAt
@@ -198,10 +206,18 @@ func (s *Service) release(ctx context.Context, p *Permit) (bool, error) {
 	if p.from != nil {
 		return s.returnSpare(ctx, p)
 	}
+	p.awaitMove()
 	if held, done, err := s.quickGive(p); done {
 		return held, err
 	}
-	rep, err := s.runBatched(releaseScript, p.k, s.settleArgs(p.key, "member", p.member, "seats", p.cfg.seats, "capacity", p.capacity)...)
+	if held, done := s.handOver(p); done {
+		return held, nil
+	}
+	args := s.settleArgs(p.key, "member", p.member, "seats", p.cfg.seats, "capacity", p.capacity)
+	if s.wantsHead(p.key) {
+		args = append(args, "head", "1")
+	}
+	rep, err := s.runBatched(releaseScript, p.k, args...)
 	if err != nil {
 		return false, err
 	}
@@ -237,6 +253,7 @@ func (p *Permit) Extend(ctx context.Context, ttl time.Duration) error {
 	if p.from != nil {
 		return p.from.permit.Extend(ctx, ttl) // a lent seat lives with its spare seats
 	}
+	p.awaitMove()
 	sent := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	defer cancel()
@@ -266,6 +283,7 @@ func (p *Permit) Extend(ctx context.Context, ttl time.Duration) error {
 
 // IsHeld checks against the store whether the seat is still held.
 func (p *Permit) IsHeld(ctx context.Context) (bool, error) {
+	p.awaitMove()
 	n, err := heldScript.Run(ctx, p.s.rdb, []string{p.k.holders}, p.member).Int()
 	if err != nil {
 		return false, fmt.Errorf("semaphore: is held %q: %w", p.key, err)

@@ -31,7 +31,9 @@
 // A call on a key nobody waits for skips the room: quick.lua takes or
 // gives back a seat with one look at it (quick.go). Of a process's Acquire
 // calls that wait for a key, a few join the room and the others wait
-// behind them in the process, keeping their arrivals (behind.go).
+// behind them in the process, keeping their arrivals (behind.go); a seat
+// given back while the process's own waiter is first in line goes to it
+// in memory, and moves on the store one call later (handover.go).
 //
 // A cap that is far from full costs its tasks no round trip of their own:
 // a Service with Options.SpareSeats takes a few spare seats of such a key

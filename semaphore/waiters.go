@@ -35,9 +35,10 @@ const (
 // seatMsg is a seat given to a waiter: its member, and the server time of
 // the grant (zero when unknown).
 type seatMsg struct {
-	member string
-	fence  uint64
-	now    time.Time
+	member  string
+	fence   uint64
+	now     time.Time
+	pending *pendingFence // a seat handed over in memory: its move is on the wire (handover.go)
 }
 
 // waiter is one wait of this Service for a seat of key.
@@ -84,6 +85,11 @@ type keyWaits struct {
 	missed bool
 	joined int       // its waiters whose tokens were sent to the room, still waiting
 	behind []*waiter // its waiters behind them, in arrival order (behind.go)
+	// The line's first waiting tokens, and whether no task waits in the
+	// room, by the last reply that said, less those handed seats since
+	// (handover.go).
+	line  []string
+	clear bool
 }
 
 // waitRegistry holds a Service's waiters, its keys' recheck loops, and its

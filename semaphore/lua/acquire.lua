@@ -52,7 +52,8 @@
 -- under sparemember), granted
 -- (token, member, fence triples: the caller's waiters given a seat),
 -- woken (tokens let out of the room, for the caller to bring back), lost
--- (recheck: the caller's tokens to join again).
+-- (recheck: the caller's tokens to join again); a join or recheck that
+-- got no seat also says the line's head and clear (see lineHead).
 
 local a = args()
 local mode, token, capacity = a.mode, a.token or '', tonumber(a.capacity)
@@ -206,5 +207,10 @@ if outcome == 'waiting' or outcome == 'standby' then
   local e = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   if #e > 0 then earliest = tonumber(e[2]) end
 end
-return {'outcome', outcome, 'now', now, 'fence', fence, 'arrival', arrival, 'earliest', earliest, 'free', free, 'kept', kept, 'spared', spared,
+local reply = {'outcome', outcome, 'now', now, 'fence', fence, 'arrival', arrival, 'earliest', earliest, 'free', free, 'kept', kept, 'spared', spared,
   'granted', own, 'woken', woken, 'lost', lost}
+if (mode == 'join' or mode == 'recheck') and outcome ~= 'seat' then
+  local head, clear = lineHead()
+  reply[#reply + 1], reply[#reply + 2], reply[#reply + 3], reply[#reply + 4] = 'head', head, 'clear', clear
+end
+return reply

@@ -6,12 +6,13 @@
 -- ARGV, name/value pairs: member (the seat), seats (its weight), capacity,
 --   channel, prefix,
 --   key (see acquire.lua), wake ('1': the caller brings tokens let out
---   back); for a process's spare seats (see spare.go): spare '1', and
+--   back), head ('1': the caller has waiters of the key: the reply says
+--   the line's head, see lineHead); for a process's spare seats (see spare.go): spare '1', and
 --   keep, the seats it keeps (the others go back; 0 or none: all)
 --
 -- Reply, name/value pairs: held (1 when the seat was still held, 0 when it
 -- was already lost), granted (tokens of the caller's channel given a seat),
--- woken (tokens let out).
+-- woken (tokens let out), and with head '1', head and clear.
 
 local a = args()
 local s = redis.call('ZSCORE', KEYS[1], a.member)
@@ -34,4 +35,9 @@ if #own == 0 and redis.call('EXISTS', KEYS[1]) == 0 then
   -- next fence takes the server's clock for its floor, see nextFence).
   redis.call('DEL', KEYS[10])
 end
-return {'held', held, 'now', now, 'granted', own, 'woken', woken}
+local reply = {'held', held, 'now', now, 'granted', own, 'woken', woken}
+if a.head == '1' then
+  local head, clear = lineHead()
+  reply[#reply + 1], reply[#reply + 2], reply[#reply + 3], reply[#reply + 4] = 'head', head, 'clear', clear
+end
+return reply

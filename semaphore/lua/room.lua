@@ -404,6 +404,17 @@ local function noteRoom(a, now)
   redis.call('PEXPIRE', KEYS[8], keyttl)
 end
 
+-- lineHead is the first tokens waiting in a process (at most 8), in line,
+-- and 1 when no token is parked, placed or aside (clear): what a process
+-- needs to know to hand seats to its own first waiters in memory
+-- (handover.go).
+local function lineHead()
+  local first = redis.call('ZRANGE', KEYS[2], 0, 7)
+  local clear = 0
+  if redis.call('EXISTS', KEYS[5], KEYS[6], KEYS[9]) == 0 then clear = 1 end
+  return first, clear
+end
+
 -- roomCapacity is the capacity the room was last told of, or fallback.
 local function roomCapacity(fallback)
   return tonumber(redis.call('HGET', KEYS[8], 'capacity') or fallback)

@@ -1,0 +1,196 @@
+package semaphore
+
+import (
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Handing a seat over in memory. When a Service releases a seat while its
+// own Acquire waiter stands first in the key's line (the last reply of a
+// call on the key said so, counting the waiters handed seats since, and
+// no task waits in the key's room), it gives
+// the seat to that waiter at once, in memory, and moves it on the store
+// after (handover.lua): the waiter starts a round trip sooner (S3
+// contended). The seat stays held under the releasing member until the
+// move, so the cap holds throughout; the waiter's fence is drawn by the
+// move, and its Fence waits for it. A move that finds the releasing seat
+// lost, or cannot reach the store, leaves the waiter's permit lost.
+//
+// What the Service knows of the head can be stale in one way only: a
+// waiter of another process that waited behind (behind.go) may join ahead
+// of it meanwhile, the window the README names.
+
+var handoverScript = roomScript("handover.lua")
+
+// acquireTokenPrefix starts the tokens of Acquire calls (tasks' tokens
+// are their queue and ID).
+const acquireTokenPrefix = "w:"
+
+// pendingFence is the fence of a seat handed over in memory, known once
+// handover.lua answers (moved reports whether the waiter holds its seat).
+type pendingFence struct {
+	done   chan struct{}
+	fence  uint64
+	moved  bool
+	now    time.Time // the server's time of the move
+	sentAt time.Time
+	relAt  time.Time
+}
+
+// wait returns the fence once the move answered (0 when it did not within
+// storeTimeout, or the seat did not move).
+func (f *pendingFence) wait() uint64 {
+	t := time.NewTimer(storeTimeout)
+	defer t.Stop()
+	select {
+	case <-f.done:
+		return f.fence
+	case <-t.C:
+		return 0
+	}
+}
+
+// noteHead records what a reply said of key's line: its first waiting
+// tokens, and whether no task waits in its room (clear).
+func (s *Service) noteHead(key string, r reply) {
+	if _, ok := r["head"]; !ok {
+		return
+	}
+	line := r.strings("head")
+	clear, _ := r.int("clear")
+	s.waits.mu.Lock()
+	defer s.waits.mu.Unlock()
+	if kw := s.waits.keys[key]; kw != nil {
+		kw.line, kw.clear = line, clear == 1
+	}
+}
+
+// wantsHead reports whether this Service has waiters of key, whose calls
+// on the key should learn the line's head.
+func (s *Service) wantsHead(key string) bool {
+	s.waits.mu.Lock()
+	defer s.waits.mu.Unlock()
+	kw := s.waits.keys[key]
+	return kw != nil && kw.n > 0
+}
+
+// takeLocalHead returns this Service's waiter that stands first in p's
+// key's line, as far as it knows, when p's seat may go to it in memory,
+// and marks it done so that no other seat is delivered to it. When
+// another of its waiters of the same shape waits behind (behind.go), that
+// one takes over the head's token, and its seat request and place, and
+// the head takes that one's permit id for its seat: since is then the
+// arrival the token keeps (0: the token leaves the line).
+func (s *Service) takeLocalHead(p *Permit) (w *waiter, since int64) {
+	r := &s.waits
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	kw := r.keys[p.key]
+	if kw == nil || !kw.clear || len(kw.line) == 0 {
+		return nil, 0
+	}
+	w = r.waiters[waitKey{p.key, kw.line[0]}]
+	if w == nil || w.done || !w.joined || !joinEnded(w) || len(w.seat) > 0 ||
+		!strings.HasPrefix(w.token, acquireTokenPrefix) || w.req.cfg.seats != p.cfg.seats || w.req.cfg.share != "" {
+		return nil, 0
+	}
+	kw.line = kw.line[1:] // its token leaves that place in line
+	if b := kw.sameShapeBehind(w); b != nil {
+		r.passToken(kw, w, b)
+		return w, b.since
+	}
+	w.done = true
+	return w, 0
+}
+
+// sameShapeBehind is the first waiter behind w that asked for a seat of
+// the same shape (lease, capacity, weight, label: what the room's slots
+// entry of w's token says), or nil. Caller holds the registry's mu.
+func (kw *keyWaits) sameShapeBehind(w *waiter) *waiter {
+	for _, b := range kw.behind {
+		if !b.done && b.req.cfg.ttl == w.req.cfg.ttl && b.req.capacity == w.req.capacity &&
+			b.req.cfg.seats == w.req.cfg.seats && b.req.cfg.holder == w.req.cfg.holder {
+			return b
+		}
+	}
+	return nil
+}
+
+// handOver gives p's seat to this Service's first waiter of the key in
+// memory and moves it on the store. done is false when none may take it:
+// the caller releases p through release.lua.
+func (s *Service) handOver(p *Permit) (held, done bool) {
+	if p.from != nil || !p.liveLocally() {
+		return false, false
+	}
+	w, since := s.takeLocalHead(p)
+	if w == nil {
+		return false, false
+	}
+	pf := &pendingFence{done: make(chan struct{})}
+	w.seat <- seatMsg{member: w.member, pending: pf} // its one seat: w is done for every other delivery
+	s.localHandOvers.Add(1)
+	defer close(pf.done)
+	args := s.settleArgs(p.key, "member", p.member, "seats", p.cfg.seats, "token", w.token,
+		"wmember", w.member, "wttl", w.req.cfg.ttl.Milliseconds(), "capacity", p.capacity)
+	if since > 0 {
+		args = append(args, "since", strconv.FormatInt(since, 10))
+	}
+	rep, err := s.runBatched(handoverScript, p.k, args...)
+	if err != nil {
+		s.log.Warn("semaphore: move a seat handed over in memory; the waiter's permit counts as lost, the holder's lapses with its lease", "key", p.key, "err", err)
+		return true, true
+	}
+	moved, errMoved := rep.int("moved")
+	wasHeld, errHeld := rep.int("held")
+	fence, errFence := rep.uint("fence")
+	if errMoved != nil || errHeld != nil || errFence != nil {
+		s.log.Error("semaphore: handover.lua's reply this build cannot read; the waiter's permit counts as lost", "key", p.key, "reply", rep)
+		return true, true
+	}
+	now, _ := rep.int("now")
+	pf.fence, pf.moved, pf.now = fence, moved == 1, time.UnixMilli(now)
+	s.passOn(p.key, rep, time.Time{}) // also notes the line's head
+	return wasHeld == 1, true
+}
+
+// localHandOverMargin is how far ahead a releasing permit's lease must
+// still run (by the local clock, which errs early) for its seat to go to a
+// waiter in memory: far more than the call that moves the seat takes, so
+// that the seat stays held on the store until then.
+const localHandOverMargin = time.Second
+
+// liveLocally reports whether p's seat may go to a waiter in memory: it is
+// not known lost, and its lease runs long enough.
+func (p *Permit) liveLocally() bool {
+	return !isDone(p.lost) && time.Until(p.localDeadline()) > localHandOverMargin
+}
+
+// resolveHandOver waits for the move of p, a seat handed over in memory,
+// and applies it: p is lost when its seat did not move.
+func (p *Permit) resolveHandOver() {
+	if !p.awaitMove() {
+		p.markLost()
+	}
+}
+
+// awaitMove waits, for a seat handed over in memory, until its move
+// answered (up to storeTimeout), and takes the lease the move gave it: the
+// seat is under p's member on the store only then. It reports whether p's
+// seat is (or was) its own on the store.
+func (p *Permit) awaitMove() bool {
+	pf := p.pending
+	if pf == nil {
+		return true
+	}
+	p.fenceOnce.Do(func() {
+		p.fence = pf.wait()
+		if pf.moved {
+			p.mu.Lock()
+			p.acquiredAt, p.expiresAt = pf.now, pf.now.Add(p.ttl)
+			p.mu.Unlock()
+		}
+	})
+	return pf.moved
+}
