@@ -30,12 +30,10 @@ const acquireTokenPrefix = "w:"
 // pendingFence is the fence of a seat handed over in memory, known once
 // handover.lua answers (moved reports whether the waiter holds its seat).
 type pendingFence struct {
-	done   chan struct{}
-	fence  uint64
-	moved  bool
-	now    time.Time // the server's time of the move
-	sentAt time.Time
-	relAt  time.Time
+	done  chan struct{}
+	fence uint64
+	moved bool
+	now   time.Time // the server's time of the move
 }
 
 // wait returns the fence once the move answered (0 when it did not within
