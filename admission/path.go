@@ -227,15 +227,16 @@ func (a *Admitter) takeSeats(ctx context.Context, caps []Limit, token string) ([
 	}
 	stoodBy := false
 	for {
-		i, entry, back := a.enterAll(ctx, taken, token)
-		if back == nil && i < 0 {
+		stop := a.enterAll(ctx, taken, token)
+		if stop == nil {
 			return taken, nil
 		}
+		i, entry := stop.i, stop.entry
 		notAsked := unentered(taken, i)
 		a.giveBack(ctx, taken)
 		switch {
-		case back != nil:
-			return nil, back
+		case stop.back != nil:
+			return nil, stop.back
 		case !entry.Standby:
 			a.rooms.note(&caps[i])
 			return nil, &Back{Key: caps[i].Key, Kind: KindCap, Why: ReasonFull, Parked: true}
@@ -293,11 +294,19 @@ func (a *Admitter) stepAsideElsewhere(ctx context.Context, caps []Limit, key, to
 	}
 }
 
+// stopped is where enterAll stopped: the index in taken of the cap that
+// had no seat for the task, and what it gave (a standby place, or a parked
+// token), or the Back of a call that failed.
+type stopped struct {
+	i     int
+	entry *semaphore.Entry
+	back  *Back
+}
+
 // enterAll asks each cap not held yet for a seat, the caps found full
-// lately first (see fullHints). It returns the index of the first that had
-// none, and what it gave (a standby place, or a parked token), or -1 when
+// lately first (see fullHints). It returns where it stopped, or nil when
 // every seat is held.
-func (a *Admitter) enterAll(ctx context.Context, taken []heldSeat, token string) (int, *semaphore.Entry, *Back) {
+func (a *Admitter) enterAll(ctx context.Context, taken []heldSeat, token string) *stopped {
 	for _, i := range a.full.order(taken) {
 		if taken[i].permit != nil {
 			continue
@@ -312,20 +321,20 @@ func (a *Admitter) enterAll(ctx context.Context, taken []heldSeat, token string)
 		}
 		e, err := a.Semaphore.Enter(ctx, l.Key, permits, token, a.room(l), a.permitOptions(ctx, l)...)
 		if err != nil {
-			return i, nil, a.acquireFailed(l.Key, err)
+			return &stopped{i: i, back: a.acquireFailed(l.Key, err)}
 		}
 		if e.Permit == nil {
 			if len(taken) > 1 {
 				a.full.Mark(l.Key)
 			}
-			return i, e, nil
+			return &stopped{i: i, entry: e}
 		}
 		if len(taken) > 1 {
 			a.full.Forget(l.Key)
 		}
 		taken[i].permit, taken[i].entry = e.Permit, e
 	}
-	return -1, nil, nil
+	return nil
 }
 
 // giveBack releases the seats taken so far, and steps aside from their
