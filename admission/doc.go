@@ -19,10 +19,14 @@
 //     the spare seats renew with one call every TTL/3. Measured: 3
 //     script calls a task, as bare asynq's 3.
 //   - A semaphore's own Acquire and Release (S3), or a task that finds no
-//     spare seat: two script calls, the enter or acquire (the server's
-//     time, whether anybody waits, the live seats, the seat and its
-//     lease, the fence) and the release (the seat, whether anybody
-//     waits): about 13 commands inside them.
+//     spare seat, on a key nobody waits for: two calls of quick.lua, the
+//     take (whether anybody waits, the server's time, the live seats, the
+//     seat and its lease, the fence: 7 or 8 commands) and the give (the
+//     room, the time, the seat, whether it was the last: 5 or 6), without
+//     the waiting room's functions (semaphore/quick.go). On a key with
+//     waiters, a seat given back while the process's own waiter is first
+//     in line goes to it in memory and moves with one call of
+//     handover.lua (semaphore/handover.go).
 //   - A cap that is full, tasks through the producer (S5, S10): about 93
 //     commands a task in all at 1 process, 98 at 20, asynq's included
 //     (about 21 of them: the enqueue, one dequeue and a quarter of an empty
