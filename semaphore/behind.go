@@ -50,6 +50,7 @@ func (s *Service) waitBehind(w *waiter) bool {
 	w.behind, w.since = true, since
 	r.waiters[waitKey{w.req.key, w.token}] = w
 	kw.n++
+	kw.acquires++
 	kw.capacity = w.req.capacity
 	kw.behind = append(kw.behind, w)
 	return true
@@ -170,6 +171,7 @@ func (r *waitRegistry) passToken(kw *keyWaits, w, b *waiter) {
 	r.waiters[waitKey{w.req.key, w.token}] = b
 	w.done = true
 	kw.n--
+	kw.acquires--
 }
 
 // joinEnded reports whether w's late join, if it had one, returned.

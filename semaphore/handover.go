@@ -1,8 +1,9 @@
 package semaphore
 
 import (
+	"errors"
+	"fmt"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -64,13 +65,14 @@ func (s *Service) noteHead(key string, r reply) {
 	}
 }
 
-// wantsHead reports whether this Service has waiters of key, whose calls
-// on the key should learn the line's head.
+// wantsHead reports whether this Service has Acquire waiters of key (the
+// ones a seat may be handed to in memory), whose calls on the key should
+// learn the line's head.
 func (s *Service) wantsHead(key string) bool {
 	s.waits.mu.Lock()
 	defer s.waits.mu.Unlock()
 	kw := s.waits.keys[key]
-	return kw != nil && kw.n > 0
+	return kw != nil && kw.acquires > 0
 }
 
 // takeLocalHead returns this Service's waiter that stands first in p's
@@ -90,7 +92,7 @@ func (s *Service) takeLocalHead(p *Permit) (w *waiter, since int64) {
 	}
 	w = r.waiters[waitKey{p.key, kw.line[0]}]
 	if w == nil || w.done || !w.joined || !joinEnded(w) || len(w.seat) > 0 ||
-		!strings.HasPrefix(w.token, acquireTokenPrefix) || w.req.cfg.seats != p.cfg.seats || w.req.cfg.share != "" {
+		!w.isAcquire() || w.req.cfg.seats != p.cfg.seats || w.req.cfg.share != "" {
 		return nil, 0
 	}
 	kw.line = kw.line[1:] // its token leaves that place in line
@@ -118,14 +120,19 @@ func (kw *keyWaits) sameShapeBehind(w *waiter) *waiter {
 // handOver gives p's seat to this Service's first waiter of the key in
 // memory and moves it on the store. done is false when none may take it:
 // the caller releases p through release.lua.
-func (s *Service) handOver(p *Permit) (held, done bool) {
+func (s *Service) handOver(p *Permit) (held, done bool, err error) {
 	if p.from != nil || !p.liveLocally() {
-		return false, false
+		return false, false, nil
 	}
 	w, since := s.takeLocalHead(p)
 	if w == nil {
-		return false, false
+		return false, false, nil
 	}
+	// Once, whatever comes of the move: a Release called again after a
+	// failed one goes through release.lua.
+	p.mu.Lock()
+	p.handedOff = true
+	p.mu.Unlock()
 	pf := &pendingFence{done: make(chan struct{})}
 	w.seat <- seatMsg{member: w.member, pending: pf} // its one seat: w is done for every other delivery
 	s.localHandOvers.Add(1)
@@ -137,20 +144,20 @@ func (s *Service) handOver(p *Permit) (held, done bool) {
 	}
 	rep, err := s.runBatched(handoverScript, p.k, args...)
 	if err != nil {
-		s.log.Warn("semaphore: move a seat handed over in memory; the waiter's permit counts as lost, the holder's lapses with its lease", "key", p.key, "err", err)
-		return true, true
+		// The waiter's permit counts as lost; a Release called again frees
+		// the holder's seat, if the move did not.
+		return false, true, err
 	}
 	moved, errMoved := rep.int("moved")
 	wasHeld, errHeld := rep.int("held")
 	fence, errFence := rep.uint("fence")
-	if errMoved != nil || errHeld != nil || errFence != nil {
-		s.log.Error("semaphore: handover.lua's reply this build cannot read; the waiter's permit counts as lost", "key", p.key, "reply", rep)
-		return true, true
+	if err := errors.Join(errMoved, errHeld, errFence); err != nil {
+		return false, true, fmt.Errorf("semaphore: handover.lua's reply: %w", err)
 	}
 	now, _ := rep.int("now")
 	pf.fence, pf.moved, pf.now = fence, moved == 1, time.UnixMilli(now)
 	s.passOn(p.key, rep, time.Time{}) // also notes the line's head
-	return wasHeld == 1, true
+	return wasHeld == 1, true, nil
 }
 
 // localHandOverMargin is how far ahead a releasing permit's lease must
@@ -162,7 +169,10 @@ const localHandOverMargin = time.Second
 // liveLocally reports whether p's seat may go to a waiter in memory: it is
 // not known lost, and its lease runs long enough.
 func (p *Permit) liveLocally() bool {
-	return !isDone(p.lost) && time.Until(p.localDeadline()) > localHandOverMargin
+	p.mu.Lock()
+	handedOff := p.handedOff
+	p.mu.Unlock()
+	return !handedOff && !isDone(p.lost) && time.Until(p.localDeadline()) > localHandOverMargin
 }
 
 // resolveHandOver waits for the move of p, a seat handed over in memory,

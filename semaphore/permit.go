@@ -29,6 +29,7 @@ type Permit struct {
 	expiresAt   time.Time // server time
 	deadline    time.Time // local clock: when the lease surely ran out if not renewed
 	released    bool
+	handedOff   bool // its seat went to a waiter in memory (handover.go)
 	isLost      bool
 	lostOnce    sync.Once
 	lost        context.Context // done once the seat is known lost
@@ -210,8 +211,8 @@ func (s *Service) release(ctx context.Context, p *Permit) (bool, error) {
 	if held, done, err := s.quickGive(p); done {
 		return held, err
 	}
-	if held, done := s.handOver(p); done {
-		return held, nil
+	if held, done, err := s.handOver(p); done {
+		return held, err
 	}
 	args := s.settleArgs(p.key, "member", p.member, "seats", p.cfg.seats, "capacity", p.capacity)
 	if s.wantsHead(p.key) {

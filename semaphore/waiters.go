@@ -82,9 +82,10 @@ type keyWaits struct {
 	earliest time.Time     // the soonest lease expiry the last call saw, server time
 	// missed: seats may have been sent to its waiters while the
 	// subscription was not confirmed: its next recheck asks for them
-	missed bool
-	joined int       // its waiters whose tokens were sent to the room, still waiting
-	behind []*waiter // its waiters behind them, in arrival order (behind.go)
+	missed   bool
+	joined   int       // its waiters whose tokens were sent to the room, still waiting
+	behind   []*waiter // its waiters behind them, in arrival order (behind.go)
+	acquires int       // its waiters that are Acquire calls (not tasks standing by)
 	// The line's first waiting tokens, and whether no task waits in the
 	// room, by the last reply that said, less those handed seats since
 	// (handover.go).
@@ -126,7 +127,14 @@ func (s *Service) add(w *waiter) {
 	kw.capacity = w.req.capacity
 	w.inRoom = true
 	kw.joined++
+	if w.isAcquire() {
+		kw.acquires++
+	}
 }
+
+// isAcquire reports whether w is an Acquire call (tasks' tokens are their
+// queue and ID).
+func (w *waiter) isAcquire() bool { return strings.HasPrefix(w.token, acquireTokenPrefix) }
 
 // waitsHere starts, for w that waits in the room now, its key's recheck
 // loop and this Service's subscription, unless they run. A seat sent
@@ -189,6 +197,9 @@ func (s *Service) remove(w *waiter) (seatMsg, bool) {
 				promote = len(kw.behind) > 0
 			} else {
 				kw.leaveBehind(w)
+			}
+			if w.isAcquire() {
+				kw.acquires--
 			}
 			if kw.n--; kw.n == 0 && !kw.looping {
 				delete(r.keys, w.req.key)
@@ -278,6 +289,9 @@ func (s *Service) recheckLoop(key string, kw *keyWaits) {
 			return
 		}
 		args := s.settleArgs(key, "mode", "recheck", "capacity", kw.capacity, "procttl", presenceTTL.Milliseconds())
+		if kw.acquires > 0 {
+			args = append(args, "head", "1")
+		}
 		// Until the subscription is confirmed, and once after each
 		// confirmation, a recheck also asks for the seats sent meanwhile.
 		asked := int64(-1)

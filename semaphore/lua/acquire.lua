@@ -52,8 +52,9 @@
 -- under sparemember), granted
 -- (token, member, fence triples: the caller's waiters given a seat),
 -- woken (tokens let out of the room, for the caller to bring back), lost
--- (recheck: the caller's tokens to join again); a join or recheck that
--- got no seat also says the line's head and clear (see lineHead).
+-- (recheck: the caller's tokens to join again); a join that got no seat,
+-- and a recheck with head '1', also say the line's head and clear (see
+-- lineHead).
 
 local a = args()
 local mode, token, capacity = a.mode, a.token or '', tonumber(a.capacity)
@@ -209,7 +210,7 @@ if outcome == 'waiting' or outcome == 'standby' then
 end
 local reply = {'outcome', outcome, 'now', now, 'fence', fence, 'arrival', arrival, 'earliest', earliest, 'free', free, 'kept', kept, 'spared', spared,
   'granted', own, 'woken', woken, 'lost', lost}
-if (mode == 'join' or mode == 'recheck') and outcome ~= 'seat' then
+if (mode == 'join' or (mode == 'recheck' and a.head == '1')) and outcome ~= 'seat' then
   local head, clear = lineHead()
   reply[#reply + 1], reply[#reply + 2], reply[#reply + 3], reply[#reply + 4] = 'head', head, 'clear', clear
 end
