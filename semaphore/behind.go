@@ -7,11 +7,10 @@ import (
 
 // Waiting behind. Of a Service's waiters of one key, the first joinAhead
 // (one more than the key's capacity, at most maxJoinAhead) join the room
-// in Redis; an
-// Acquire that comes after them waits behind them in this process, with
-// its arrival by the server's clock as this process reckons it (the clock
-// offset every reply refines), and joins the room in its turn, as those
-// ahead of it are served or leave, keeping that arrival. So a crowd of
+// in Redis; an Acquire that comes after them waits behind them in this
+// process, with its arrival by the server's clock as this process reckons
+// it (the clock offset every reply refines), and joins the room in its
+// turn, as those ahead of it are served or leave, keeping that arrival. So a crowd of
 // waiters costs Redis the joins and leaves of a few (S4: 200 waiters that
 // time out together), and they are still served first come first served
 // across the fleet, up to the round trip of a late join. Tasks standing

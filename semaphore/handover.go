@@ -10,10 +10,9 @@ import (
 // Handing a seat over in memory. When a Service releases a seat while its
 // own Acquire waiter stands first in the key's line (the last reply of a
 // call on the key said so, counting the waiters handed seats since, and
-// no task waits in the key's room), it gives
-// the seat to that waiter at once, in memory, and moves it on the store
-// after (handover.lua): the waiter starts a round trip sooner (S3
-// contended). The seat stays held under the releasing member until the
+// no task waits in the key's room), it gives the seat to that waiter at
+// once, in memory, and moves it on the store after (handover.lua): the
+// waiter starts a round trip sooner (S3 contended). The seat stays held under the releasing member until the
 // move, so the cap holds throughout; the waiter's fence is drawn by the
 // move, and its Fence waits for it. A move that finds the releasing seat
 // lost, or cannot reach the store, leaves the waiter's permit lost.
@@ -37,16 +36,17 @@ type pendingFence struct {
 	now   time.Time // the server's time of the move
 }
 
-// wait returns the fence once the move answered (0 when it did not within
-// storeTimeout, or the seat did not move).
-func (f *pendingFence) wait() uint64 {
+// wait returns what the move answered, once it did: the fence, whether
+// the seat moved, and the server's time of the move (a move that did not
+// answer within storeTimeout counts as not moved).
+func (f *pendingFence) wait() (fence uint64, moved bool, now time.Time) {
 	t := time.NewTimer(storeTimeout)
 	defer t.Stop()
 	select {
 	case <-f.done:
-		return f.fence
+		return f.fence, f.moved, f.now
 	case <-t.C:
-		return 0
+		return 0, false, time.Time{}
 	}
 }
 
@@ -193,12 +193,15 @@ func (p *Permit) awaitMove() bool {
 		return true
 	}
 	p.fenceOnce.Do(func() {
-		p.fence = pf.wait()
-		if pf.moved {
-			p.mu.Lock()
-			p.acquiredAt, p.expiresAt = pf.now, pf.now.Add(p.ttl)
-			p.mu.Unlock()
+		fence, moved, now := pf.wait()
+		p.mu.Lock()
+		p.fence, p.moved = fence, moved
+		if moved {
+			p.acquiredAt, p.expiresAt = now, now.Add(p.ttl)
 		}
+		p.mu.Unlock()
 	})
-	return pf.moved
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.moved
 }

@@ -30,6 +30,7 @@ type Permit struct {
 	deadline    time.Time // local clock: when the lease surely ran out if not renewed
 	released    bool
 	handedOff   bool // its seat went to a waiter in memory (handover.go)
+	moved       bool // a seat handed to it in memory moved to it on the store
 	isLost      bool
 	lostOnce    sync.Once
 	lost        context.Context // done once the seat is known lost
