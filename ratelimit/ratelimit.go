@@ -130,13 +130,11 @@ func New(rdb redis.UniversalClient, opts Options) (*Limiter, error) {
 	if rdb == nil {
 		return nil, errors.New("ratelimit: New: nil Redis client")
 	}
-	if opts.Prefix == "" {
-		opts.Prefix = DefaultPrefix
-	}
-	if err := rediskey.CheckPrefix(opts.Prefix); err != nil {
+	prefix, err := rediskey.PrefixOrDefault(opts.Prefix)
+	if err != nil {
 		return nil, fmt.Errorf("ratelimit: New: Prefix %w", err)
 	}
-	return &Limiter{rdb: rdb, gcra: redis_rate.NewLimiter(rdb), prefix: opts.Prefix, obs: opts.Observer, id: rand.Text()}, nil
+	return &Limiter{rdb: rdb, gcra: redis_rate.NewLimiter(rdb), prefix: prefix, obs: opts.Observer, id: rand.Text()}, nil
 }
 
 // Take takes cost tokens of key now, or takes none and says in RetryAfter

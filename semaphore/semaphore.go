@@ -158,12 +158,11 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 	if rdb == nil {
 		return nil, errors.New("semaphore: New: nil redis client")
 	}
-	if opts.Prefix == "" {
-		opts.Prefix = DefaultPrefix
-	}
-	if err := rediskey.CheckPrefix(opts.Prefix); err != nil {
+	prefix, err := rediskey.PrefixOrDefault(opts.Prefix)
+	if err != nil {
 		return nil, fmt.Errorf("semaphore: New: Prefix %w", err)
 	}
+	opts.Prefix = prefix
 	if opts.SpareSeats < 0 {
 		return nil, fmt.Errorf("semaphore: New: SpareSeats must be >= 0, got %d", opts.SpareSeats)
 	}

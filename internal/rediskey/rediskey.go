@@ -63,3 +63,13 @@ func CheckPrefix(prefix string) error {
 	}
 	return nil
 }
+
+// PrefixOrDefault is the prefix a package of the fleet writes its keys
+// under: prefix, or DefaultPrefix when it is empty; the error is
+// CheckPrefix's.
+func PrefixOrDefault(prefix string) (string, error) {
+	if prefix == "" {
+		return DefaultPrefix, nil
+	}
+	return prefix, CheckPrefix(prefix)
+}

@@ -172,3 +172,15 @@ func allKeys(t *testing.T, cl *redis.ClusterClient) []string {
 	}
 	return all
 }
+
+func TestPrefixOrDefault(t *testing.T) {
+	for _, c := range []struct {
+		in, want string
+		bad      bool
+	}{{"", rediskey.DefaultPrefix, false}, {"team-a:", "team-a:", false}, {"team{a}:", "", true}} {
+		got, err := rediskey.PrefixOrDefault(c.in)
+		if (err != nil) != c.bad || (!c.bad && got != c.want) {
+			t.Errorf("PrefixOrDefault(%q) = %q, %v; want %q (error: %v)", c.in, got, err, c.want, c.bad)
+		}
+	}
+}
