@@ -281,10 +281,14 @@ func (s *Service) abandon(w *waiter, how string, reason Reason, cause error) err
 // giveUp takes w out of the room (how: see leave.lua); a seat given to it
 // meanwhile is given back in the same call.
 func (s *Service) giveUp(w *waiter, how string) {
-	if how == "drop" && s.handOn(w) {
+	s.waits.mu.Lock()
+	if how == "drop" && s.waits.handOn(w) {
+		s.waits.mu.Unlock()
 		return // a waiter behind it took its token (behind.go)
 	}
-	s.remove(w)
+	promote := s.waits.removeLocked(w)
+	s.waits.mu.Unlock()
+	s.removed(w, promote)
 	if !s.inRoom(w) {
 		return // it waited behind: nothing of it is in the room
 	}

@@ -140,11 +140,13 @@ func (kw *keyWaits) leaveBehind(w *waiter) {
 // weight, label: the room's slots entry says them), unless a seat may be
 // on its way to w already or its late join is still on the wire. That
 // waiter takes w's place in line and the seat it asked for. It reports
-// whether it did: w then leaves without a call.
-func (s *Service) handOn(w *waiter) bool {
-	r := &s.waits
-	r.mu.Lock()
-	defer r.mu.Unlock()
+// whether it did: w then leaves without a call. Caller holds the
+// registry's mu, and removes w in the same hold when it did not: a waiter
+// behind that gives up at the same moment is then either gone before w
+// looks (and skipped), or handed the token before it looks itself (and
+// hands it on), never handed it between its own look and its removal,
+// which would make it leave the room with a call.
+func (r *waitRegistry) handOn(w *waiter) bool {
 	wk := waitKey{w.req.key, w.token}
 	kw := r.keys[w.req.key]
 	if kw == nil || r.waiters[wk] != w || !w.inRoom || w.done || len(w.seat) > 0 || !joinEnded(w) {

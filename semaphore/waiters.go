@@ -185,10 +185,16 @@ func (s *Service) listening() bool {
 // the seat given to it before, if any: the caller takes it or gives it
 // back.
 func (s *Service) remove(w *waiter) (seatMsg, bool) {
-	r := &s.waits
-	r.mu.Lock()
+	s.waits.mu.Lock()
+	promote := s.waits.removeLocked(w)
+	s.waits.mu.Unlock()
+	return s.removed(w, promote)
+}
+
+// removeLocked is remove's part under the registry's mu (held): it reports
+// whether waiters behind may join in w's stead (see removed).
+func (r *waitRegistry) removeLocked(w *waiter) (promote bool) {
 	wk := waitKey{w.req.key, w.token}
-	promote := false
 	if r.waiters[wk] == w {
 		delete(r.waiters, wk)
 		if kw := r.keys[w.req.key]; kw != nil {
@@ -207,7 +213,12 @@ func (s *Service) remove(w *waiter) (seatMsg, bool) {
 		}
 	}
 	w.done = true
-	r.mu.Unlock()
+	return promote
+}
+
+// removed is remove's part after the registry's mu: the waiters behind
+// join in w's stead, and the seat given to w before, if any, is returned.
+func (s *Service) removed(w *waiter, promote bool) (seatMsg, bool) {
 	if promote {
 		s.promote(w.req.key)
 	}
