@@ -3,6 +3,7 @@
 package lately
 
 import (
+	"maps"
 	"sync"
 	"time"
 )
@@ -28,11 +29,7 @@ func (m *Marks) Mark(key string) {
 		m.at = map[string]time.Time{}
 	}
 	if _, known := m.at[key]; !known && len(m.at) >= m.Max {
-		for k, at := range m.at {
-			if now.Sub(at) > m.For {
-				delete(m.at, k)
-			}
-		}
+		maps.DeleteFunc(m.at, func(_ string, at time.Time) bool { return now.Sub(at) > m.For })
 		if len(m.at) >= m.Max {
 			return
 		}

@@ -3,12 +3,17 @@ package lately_test
 import (
 	"fmt"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/fleetcap/fleetcap/internal/lately"
 )
 
-func TestMarksLapseAndForget(t *testing.T) {
+// TestMarksLapseAndForget runs on synctest's clock, so that a pause of the
+// test's goroutine on a loaded machine cannot age a mark.
+func TestMarksLapseAndForget(t *testing.T) { synctest.Test(t, marksLapseAndForget) }
+
+func marksLapseAndForget(t *testing.T) {
 	m := lately.Marks{For: 50 * time.Millisecond, Max: 10}
 	if m.Recent("a") {
 		t.Fatal("a key never marked is recent")
@@ -22,7 +27,11 @@ func TestMarksLapseAndForget(t *testing.T) {
 		t.Fatal("a forgotten key is recent")
 	}
 	m.Mark("b")
-	time.Sleep(60 * time.Millisecond) // past For: the mark must have lapsed
+	time.Sleep(50 * time.Millisecond) // For exactly: still recent
+	if !m.Recent("b") {
+		t.Fatal("a mark For old is not recent")
+	}
+	time.Sleep(time.Millisecond) // past For: the mark must have lapsed
 	if m.Recent("b") {
 		t.Fatal("a mark older than For is recent")
 	}
