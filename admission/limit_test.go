@@ -13,7 +13,7 @@ import (
 // enough to render limits and keep its records.
 func admitterFor(t *testing.T, yaml string) *Admitter {
 	t.Helper()
-	return &Admitter{Options: Options{Table: tableFor(t, yaml)}, recentCaps: newRecentKeys(), recentRates: newRecentKeys()}
+	return &Admitter{Options: Options{Table: tableFor(t, yaml)}, full: newFullHints(), recentCaps: newRecentKeys(), recentRates: newRecentKeys()}
 }
 
 // tableFor is the Table of the config yaml.

@@ -58,13 +58,11 @@ func NewStore(rdb redis.UniversalClient, opts Options) (*Store, error) {
 	if rdb == nil {
 		return nil, errors.New("control: NewStore: nil Redis client")
 	}
-	if opts.Prefix == "" {
-		opts.Prefix = rediskey.DefaultPrefix
-	}
-	if err := rediskey.CheckPrefix(opts.Prefix); err != nil {
+	prefix, err := rediskey.PrefixOrDefault(opts.Prefix)
+	if err != nil {
 		return nil, fmt.Errorf("control: NewStore: Prefix %w", err)
 	}
-	return &Store{rdb: rdb, key: rediskey.Control(opts.Prefix)}, nil
+	return &Store{rdb: rdb, key: rediskey.Control(prefix)}, nil
 }
 
 // Key is the Redis hash holding the overrides.
