@@ -151,10 +151,10 @@ func (s *Service) handOver(p *Permit) (held, done bool, err error) {
 	moved, errMoved := rep.int("moved")
 	wasHeld, errHeld := rep.int("held")
 	fence, errFence := rep.uint("fence")
-	if err := errors.Join(errMoved, errHeld, errFence); err != nil {
+	now, errNow := rep.int("now")
+	if err := errors.Join(errMoved, errHeld, errFence, errNow); err != nil {
 		return false, true, fmt.Errorf("semaphore: handover.lua's reply: %w", err)
 	}
-	now, _ := rep.int("now")
 	pf.fence, pf.moved, pf.now = fence, moved == 1, time.UnixMilli(now)
 	s.passOn(p.key, rep, time.Time{}) // also notes the line's head
 	return wasHeld == 1, true, nil
