@@ -11,7 +11,7 @@ import (
 )
 
 // TestCrowdOfWaitersCostsAFewCalls: 60 Acquire calls of one process wait
-// on a full key of 2 seats and time out together. Only the first two join
+// on a full key of 2 seats and time out together. Only the first three join
 // the room in Redis; the others wait behind them in the process, and a
 // waiter that gives up hands its token to one behind it: the crowd costs
 // Redis the calls of a few waiters, not two script calls each.
@@ -46,13 +46,15 @@ func TestCrowdOfWaitersCostsAFewCalls(t *testing.T) {
 			total += n
 		}
 	}
-	// Two waiters' joins, leaves and rechecks come to about 60 commands;
-	// 60 waiters that each join and leave cost about 1,700.
+	// The joins, leaves and rechecks of the three that join (one more than
+	// the capacity) come to 110-125 commands; 60 waiters that each join and
+	// leave cost about 1,700, and without the hand-on of a token to the
+	// waiter behind, 750-1,200.
 	if total > 300 {
 		t.Errorf("%d Redis commands for %d waiters that timed out, want at most 300", total, waiters)
 	}
 	for _, suffix := range []string{"waiting", "slots", "room"} {
-		k := "fleetcap:sem:{" + key + "}:" + suffix
+		k := semaphore.DefaultPrefix + "{" + key + "}:" + suffix
 		if n, err := admin.Exists(ctx, k).Result(); err != nil || n != 0 {
 			t.Errorf("%s left behind (%d, %v)", k, n, err)
 		}
@@ -62,56 +64,69 @@ func TestCrowdOfWaitersCostsAFewCalls(t *testing.T) {
 // TestWaitersBehindKeepTheirArrival: a waiter that waited behind in its
 // process joins the room with its own arrival, so it is served before a
 // waiter of another process that came after it, though it joined later.
+// On a key of one seat, two of a process's waiters join the room and the
+// third waits behind them.
 func TestWaitersBehindKeepTheirArrival(t *testing.T) {
 	srv := redistest.Start(t)
 	a, b := newService(t, srv.Client()), newService(t, srv.Client())
 	key := uniqueKey(t)
 	ctx := context.Background()
 	holder := mustAcquire(t, newService(t, srv.Client()), key, 1, semaphore.WithTTL(time.Minute))
-	served := make(chan string, 3)
-	wait := func(s *semaphore.Service, name string, keep chan *semaphore.Permit) {
-		p, err := s.Acquire(ctx, key, 1, semaphore.WithWaitTimeout(20*time.Second))
-		if err != nil {
-			served <- name + ": " + err.Error()
-			return
+	waiting := semaphore.DefaultPrefix + "{" + key + "}:waiting"
+	inRoom := func(want int64) func() bool {
+		return func() bool {
+			n, err := srv.Client().ZCard(ctx, waiting).Result()
+			return err == nil && n == want
 		}
-		served <- name
-		keep <- p
 	}
-	a1, a2, b1 := make(chan *semaphore.Permit, 1), make(chan *semaphore.Permit, 1), make(chan *semaphore.Permit, 1)
-	go wait(a, "a1", a1)
-	waitfor.Condition(t, 5*time.Second, "a1 in line", func() bool { return a.LocalWaiters(key) == 1 })
-	go wait(a, "a2", a2) // behind a1, in a's process
-	waitfor.Condition(t, 5*time.Second, "a2 in line", func() bool { return a.LocalWaiters(key) == 2 })
+	served := make(chan string, 4)
+	kept := map[string]chan *semaphore.Permit{}
+	wait := func(s *semaphore.Service, name string) {
+		keep := make(chan *semaphore.Permit, 1)
+		kept[name] = keep
+		go func() {
+			p, err := s.Acquire(ctx, key, 1, semaphore.WithWaitTimeout(20*time.Second))
+			if err != nil {
+				served <- name + ": " + err.Error()
+				return
+			}
+			served <- name
+			keep <- p
+		}()
+	}
+	for i, name := range []string{"a1", "a2", "a3"} {
+		wait(a, name)
+		waitfor.Condition(t, 5*time.Second, name+" waits", func() bool { return a.LocalWaiters(key) == i+1 })
+	}
+	waitfor.Condition(t, 5*time.Second, "a1 and a2 in the room", inRoom(2))
 	serverClockPasses(t, srv.Client(), 20*time.Millisecond)
-	go wait(b, "b1", b1)
-	waitfor.Condition(t, 5*time.Second, "b1 in line", func() bool { return b.LocalWaiters(key) == 1 })
+	wait(b, "b1")
+	waitfor.Condition(t, 5*time.Second, "b1 in the room, a3 still behind", inRoom(3))
 
+	release := func(name string) {
+		t.Helper()
+		if err := (<-kept[name]).Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	next := func(want string) {
+		t.Helper()
+		if got := <-served; got != want {
+			t.Fatalf("served %q, want %s", got, want)
+		}
+	}
 	if err := holder.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := <-served; got != "a1" {
-		t.Fatalf("served first %q, want a1", got)
-	}
-	// a2 joins the room now that a1 is served; then a1's seat frees.
-	waiting := "fleetcap:sem:{" + key + "}:waiting"
-	waitfor.Condition(t, 5*time.Second, "a2 and b1 in the room", func() bool {
-		n, err := srv.Client().ZCard(ctx, waiting).Result()
-		return err == nil && n == 2
-	})
-	if err := (<-a1).Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if got := <-served; got != "a2" {
-		t.Fatalf("served second %q, want a2, which came before b1", got)
-	}
-	if err := (<-a2).Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if got := <-served; got != "b1" {
-		t.Fatalf("served third %q, want b1", got)
-	}
-	if err := (<-b1).Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	next("a1")
+	// a3 joins the room now that a1 is served, with its arrival before b1's.
+	waitfor.Condition(t, 5*time.Second, "a3's late join", func() bool { return a.LateJoins(key) == 0 })
+	waitfor.Condition(t, 5*time.Second, "a2, a3 and b1 in the room", inRoom(3))
+	release("a1")
+	next("a2")
+	release("a2")
+	next("a3")
+	release("a3")
+	next("b1")
+	release("b1")
 }

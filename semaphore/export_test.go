@@ -54,3 +54,14 @@ func (s *Service) LateJoins(key string) int {
 	}
 	return n
 }
+
+// WaitingBehind counts the waits of s for key that wait behind in the
+// process, not in the room (behind.go), for tests.
+func (s *Service) WaitingBehind(key string) int {
+	s.waits.mu.Lock()
+	defer s.waits.mu.Unlock()
+	if kw := s.waits.keys[key]; kw != nil {
+		return len(kw.behind)
+	}
+	return 0
+}

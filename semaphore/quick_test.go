@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
 	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
 	"github.com/fleetcap/fleetcap/semaphore"
@@ -15,42 +17,44 @@ import (
 // TestQuickPathNeverOvertakesAWaiter: a seat that lapsed (its holder
 // never gave it back) while somebody waits goes to the waiter, not to a
 // TryAcquire of another process that finds the seat free: the quick path
-// sees the waiter and leaves the call to the waiting room.
+// sees the waiter and leaves the call to the waiting room. The seat is
+// made to lapse on the store while the waiter's recheck is far off, so
+// that the TryAcquire, not the waiter, is the first to find it free.
 func TestQuickPathNeverOvertakesAWaiter(t *testing.T) {
 	srv := redistest.Start(t)
 	key := uniqueKey(t)
 	holder, waiter, trier := newService(t, srv.Client()), newService(t, srv.Client()), newService(t, srv.Client())
 	ctx := context.Background()
-	mustAcquire(t, holder, key, 1, semaphore.WithTTL(300*time.Millisecond)) // never released: it lapses
-	type result struct {
-		p   *semaphore.Permit
-		err error
+	held := mustAcquire(t, holder, key, 1, semaphore.WithTTL(time.Minute))
+	got := acquireInLine(t, waiter, key)
+	waitfor.Condition(t, 5*time.Second, "the waiter's recheck is far off", func() bool {
+		return waiter.LineBackoff(key) >= 400*time.Millisecond
+	})
+	now, err := srv.Client().Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
 	}
-	got := make(chan result, 1)
-	go func() {
-		p, err := waiter.Acquire(ctx, key, 1, semaphore.WithWaitTimeout(10*time.Second))
-		got <- result{p, err} // the seat is kept: nobody else may get it now
-	}()
-	waitfor.Condition(t, 5*time.Second, "the waiter in line", func() bool { return waiter.LocalWaiters(key) == 1 })
-	for {
-		p, err := trier.TryAcquire(ctx, key, 1)
-		if err != nil {
+	lapsed := redis.Z{Score: float64(now.Add(-time.Second).UnixMilli()), Member: held.ID()}
+	if err := srv.Client().ZAddXX(ctx, holdersKey(key), lapsed).Err(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := trier.TryAcquire(ctx, key, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p != nil {
+		t.Fatal("TryAcquire took a lapsed seat while a waiter waited for it")
+	}
+	select {
+	case q := <-got:
+		if q == nil {
+			t.Fatal("the waiter got no seat")
+		}
+		if err := q.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if p != nil {
-			t.Fatal("TryAcquire took a lapsed seat while a waiter waited for it")
-		}
-		select {
-		case r := <-got:
-			if r.err != nil {
-				t.Fatalf("the waiter: %v", r.err)
-			}
-			if err := r.p.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
-			return
-		case <-time.After(5 * time.Millisecond):
-		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter was not given the lapsed seat within 5s")
 	}
 }
 
@@ -69,6 +73,12 @@ func TestIdleKeyCycleTakesTheQuickPath(t *testing.T) {
 		if err := admin.ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// A cycle on another key first loads quick.lua, so that no EVALSHA
+	// refused with NOSCRIPT is counted below.
+	warm := mustAcquire(t, s, key+"-warm", 10)
+	if err := warm.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 	if err := admin.SlowLogReset(ctx).Err(); err != nil {
 		t.Fatal(err)
@@ -99,7 +109,7 @@ func TestIdleKeyCycleTakesTheQuickPath(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bySHA := map[string]int{} // a script's first call is an EVALSHA refused (NOSCRIPT), then an EVAL
+	bySHA := map[string]int{}
 	for _, e := range entries {
 		if len(e.Args) > 1 && strings.EqualFold(e.Args[0], "evalsha") {
 			bySHA[e.Args[1]]++
@@ -130,7 +140,7 @@ func TestEnterAfterAsideLeavesNoAside(t *testing.T) {
 		t.Fatalf("no aside key %s after StepAside: %d, %v", asideKey, n, err)
 	}
 	e, err := s.Enter(ctx, key, 2, "task-1", roomOf(1))
-	if err != nil || e.Permit == nil {
+	if err != nil || e == nil || e.Permit == nil {
 		t.Fatalf("Enter to a free seat: %+v, %v", e, err)
 	}
 	defer e.Permit.Release(ctx)
