@@ -100,6 +100,9 @@ tasks:
 	if !strings.Contains(w.Output(), "embedded redis saved") {
 		t.Errorf("the worker does not say it saved:\n%s", w.Output())
 	}
+	if strings.Contains(w.Output(), "failed to dial") {
+		t.Errorf("a client of the worker still dialled the embedded Redis after it stopped:\n%s", w.Output())
+	}
 	if _, err := os.Stat(file); err != nil {
 		t.Fatalf("no file after the stop: %v", err)
 	}

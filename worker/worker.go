@@ -297,6 +297,16 @@ func (w *Worker) RenderedRateKeys() []string { return w.adm.RenderedRateKeys() }
 
 // Close frees what New opened; Run calls it when it returns.
 func (w *Worker) Close() {
+	w.closeClients()
+	if err := w.stopEmbedded(); err != nil {
+		w.log.Error(err.Error())
+	}
+}
+
+// closeClients closes, once, everything of the worker that talks to Redis,
+// so that none of it (a subscription that reconnects) dials an embedded
+// Redis that stops after it.
+func (w *Worker) closeClients() {
 	w.closeOnce.Do(func() {
 		if w.layout != nil {
 			_ = w.layout.Close() // a lease not given back lapses by itself
@@ -316,9 +326,6 @@ func (w *Worker) Close() {
 		if w.rdb != nil {
 			_ = w.rdb.Close()
 		}
-		if err := w.stopEmbedded(); err != nil {
-			w.log.Error(err.Error())
-		}
 	})
 }
 
@@ -335,7 +342,12 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.ran = true
 	mws := append([]asynq.MiddlewareFunc(nil), w.middlewares...)
 	w.mu.Unlock()
-	defer w.Close()
+	stopped := false
+	defer func() {
+		if !stopped {
+			w.Close()
+		}
+	}()
 
 	if err := w.Ping(ctx); err != nil {
 		if ctx.Err() != nil {
@@ -364,6 +376,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	srv.Stop()        // no new tasks
 	_ = w.sem.Close() // waiters abort and requeue; renewal stops
 	srv.Shutdown()    // in-flight work finishes or is requeued by asynq
+	stopped = true
+	w.closeClients() // then the embedded Redis, once nothing dials it
 	if err := w.stopEmbedded(); err != nil {
 		return err
 	}
