@@ -10,7 +10,7 @@ type templateRows[Row any, P templateRow[Row]] struct {
 	plain     []Row            // the rows of plain keys
 	templates map[string]P     // the row of each template
 	order     []string         // the templates, in the order first met
-	inUse     map[string][]Row // the rows of each template's rendered keys in use
+	busy      map[string][]Row // the rows of each template's rendered keys in use
 }
 
 // templateRow is what templateRows needs of a row, through its pointer P.
@@ -28,7 +28,7 @@ type templateRow[Row any] interface {
 
 // newTemplateRows returns an empty gathering of rows.
 func newTemplateRows[Row any, P templateRow[Row]]() *templateRows[Row, P] {
-	return &templateRows[Row, P]{templates: map[string]P{}, inUse: map[string][]Row{}}
+	return &templateRows[Row, P]{templates: map[string]P{}, busy: map[string][]Row{}}
 }
 
 // setTemplate sets the row of the template name, in place of the one made
@@ -55,7 +55,7 @@ func (g *templateRows[Row, P]) add(template string, row Row, newTemplate func() 
 	}
 	g.templates[template].count(row)
 	if P(&row).inUse() {
-		g.inUse[template] = append(g.inUse[template], row)
+		g.busy[template] = append(g.busy[template], row)
 	}
 }
 
@@ -65,7 +65,7 @@ func (g *templateRows[Row, P]) sorted(busiest int, busiestFirst func(a, b Row) i
 	rows := g.plain
 	for _, name := range g.order {
 		t := g.templates[name]
-		busy := g.inUse[name]
+		busy := g.busy[name]
 		slices.SortFunc(busy, busiestFirst)
 		t.setBusiest(busy[:min(len(busy), busiest)])
 		rows = append(rows, *t)
