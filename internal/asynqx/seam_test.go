@@ -492,6 +492,60 @@ func TestOneIdleWorkerWatches(t *testing.T) {
 	}
 }
 
+// TestTrickleKeepsTheDuty: an idle worker on duty that picks up tasks one
+// at a time asks Redis for its duty about once a second, not once a task:
+// within its lease's margin it keeps the duty without asking.
+func TestTrickleKeepsTheDuty(t *testing.T) {
+	s := newSeam(t)
+	ctx := context.Background()
+	started := make(chan struct{}, 1)
+	s.serveThrough(time.Minute, func(ctx context.Context, task *asynq.Task) error {
+		started <- struct{}{}
+		return nil
+	}, nil)
+	watching := func() bool {
+		clients, err := s.rdb.ClientList(ctx).Result()
+		return err == nil && strings.Contains(clients, "cmd=blmove")
+	}
+	waitfor.Condition(t, 10*time.Second, "the idle worker watches the queue", watching)
+	// Every command goes to the slow log, with its arguments.
+	for _, kv := range [][2]string{{"slowlog-log-slower-than", "0"}, {"slowlog-max-len", "100000"}} {
+		if err := s.rdb.ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.rdb.SlowLogReset(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const tasks = 20
+	begun := time.Now()
+	for i := range tasks {
+		if _, err := s.client.Enqueue(asynq.NewTask("t", nil), asynq.Queue("q")); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-started:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("task %d did not start within 10s", i)
+		}
+		waitfor.Condition(t, 10*time.Second, "the worker watches the queue again", watching)
+	}
+	elapsed := time.Since(begun)
+	entries, err := s.rdb.SlowLogGet(ctx, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	takes := 0
+	for _, e := range entries {
+		if len(e.Args) > 5 && strings.EqualFold(e.Args[0], "evalsha") && strings.HasSuffix(e.Args[3], "duty") && e.Args[5] == "take" {
+			takes++
+		}
+	}
+	if most := 1 + int(elapsed/time.Second); takes > most {
+		t.Fatalf("the worker asked for its duty %d times for %d tasks in %s, want at most %d (once a second)", takes, tasks, elapsed.Round(time.Millisecond), most)
+	}
+}
+
 // TestMissing: of the tasks it is asked about, Missing names those that
 // wait for nothing any more: deleted, completed or archived; not those
 // scheduled, retrying, pending or running.

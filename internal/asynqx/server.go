@@ -42,10 +42,10 @@ type ServerClient struct {
 	id string // this client's name in the duty leases
 
 	mu      sync.Mutex
-	empty   map[string]bool     // queues found empty since a task was last taken
-	waiting bool                // a dequeue waits for work
-	onDuty  map[string]bool     // queues whose duty this worker holds
-	backlog map[string]*backlog // per queue: what its dequeues found lately (see noteDequeue)
+	empty   map[string]bool      // queues found empty since a task was last taken
+	waiting bool                 // a dequeue waits for work
+	onDuty  map[string]time.Time // queues whose duty this worker holds, and when it last took or kept it
+	backlog map[string]*backlog  // per queue: what its dequeues found lately (see noteDequeue)
 	// saturation hands the duty on unless the worker asks for another task
 	// first (see stillFree)
 	saturation *time.Timer
@@ -74,7 +74,7 @@ type kept struct {
 // workers of one fleet watch its queues together, and no other fleet's.
 func NewServerClient(rdb redis.UniversalClient, prefix string, queues []string, maxIdle time.Duration, log *slog.Logger) *ServerClient {
 	c := &ServerClient{UniversalClient: rdb, prefix: prefix, queues: map[string]bool{}, maxIdle: maxIdle, log: log, id: newID(),
-		empty: map[string]bool{}, onDuty: map[string]bool{}, backlog: map[string]*backlog{}, arms: map[string]chan struct{}{}, work: make(chan struct{}, 1),
+		empty: map[string]bool{}, onDuty: map[string]time.Time{}, backlog: map[string]*backlog{}, arms: map[string]chan struct{}{}, work: make(chan struct{}, 1),
 		stop: make(chan struct{}), kept: map[string]kept{}}
 	for _, q := range queues {
 		c.queues[q] = true
@@ -92,10 +92,8 @@ func (c *ServerClient) Stop() {
 	if !c.stopped {
 		c.stopped = true
 		close(c.stop)
-		for q, on := range c.onDuty {
-			if on {
-				held = append(held, q)
-			}
+		for q := range c.onDuty {
+			held = append(held, q)
 		}
 	}
 	c.mu.Unlock()
@@ -170,7 +168,8 @@ func queueOf(key, suffix string) (string, bool) {
 // doorbell keeps at most one ring nobody waited for, and a worker whose
 // rings go untaken (nobody is idle) rings less and less often (recruit).
 // So a push costs the same few commands whatever the size of the fleet,
-// and no idle worker polls.
+// and no idle worker polls. The worker on duty renews its lease at most
+// once a second (see takeDuty), however many tasks trickle in.
 
 // waitForWork holds a dequeue while every queue was found empty, until a
 // watcher sees work, maxIdle passes, or Stop.
@@ -227,7 +226,7 @@ func (c *ServerClient) noteDequeue(q string, cmd *redis.Cmd) {
 		b.took = false
 	case err == nil:
 		clear(c.empty)
-		if c.onDuty[q] {
+		if _, on := c.onDuty[q]; on {
 			// On duty: it keeps the duty only while it asks for more.
 			c.saturation = time.AfterFunc(saturated, func() { c.passOn(q) })
 		}
@@ -293,7 +292,7 @@ func (c *ServerClient) stillFree() {
 // if more came).
 func (c *ServerClient) passOn(q string) {
 	c.mu.Lock()
-	c.onDuty[q] = false
+	delete(c.onDuty, q)
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
@@ -315,6 +314,36 @@ var dutySrc string
 
 var dutyScript = redis.NewScript(dutySrc)
 
+// takeDuty takes or keeps the duty of q, for a lease of maxIdle (its
+// longest wait) plus dutyMargin. A duty this worker took or kept within
+// dutyMargin is kept without asking Redis, as the lease still outlasts the
+// wait that follows: so a worker on duty that picks up a trickle of tasks,
+// one at a time, asks about once a second, not once a task.
+func (c *ServerClient) takeDuty(ctx context.Context, q string) (bool, error) {
+	lease := c.maxIdle + dutyMargin
+	c.mu.Lock()
+	at, on := c.onDuty[q]
+	c.mu.Unlock()
+	if on && time.Since(at) < dutyMargin {
+		return true, nil
+	}
+	duty, bell := c.idleKeys(q)
+	now := time.Now()
+	onDuty, err := dutyScript.Run(ctx, c.UniversalClient, []string{duty, bell}, "take", c.id, lease.Milliseconds()).Bool()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err == nil && onDuty {
+		c.onDuty[q] = now
+	} else {
+		delete(c.onDuty, q)
+	}
+	return err == nil && onDuty, err
+}
+
+// dutyMargin is how much longer than its wait the duty of a queue is
+// leased.
+const dutyMargin = time.Second
+
 // callTimeout bounds the short calls of the idle machinery.
 const callTimeout = 5 * time.Second
 
@@ -325,7 +354,7 @@ const callTimeout = 5 * time.Second
 // its tasks cannot be taken.
 func (c *ServerClient) watch(q string, arm <-chan struct{}) {
 	k := QueueKeys(q)
-	duty, bell := c.idleKeys(q)
+	_, bell := c.idleKeys(q)
 	paused := "asynq:{" + q + "}:paused"
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -339,10 +368,7 @@ func (c *ServerClient) watch(q string, arm <-chan struct{}) {
 		case <-c.stop:
 			return
 		}
-		onDuty, err := dutyScript.Run(ctx, c.UniversalClient, []string{duty, bell}, "take", c.id, (c.maxIdle + time.Second).Milliseconds()).Bool()
-		c.mu.Lock()
-		c.onDuty[q] = err == nil && onDuty
-		c.mu.Unlock()
+		onDuty, err := c.takeDuty(ctx, q)
 		if err == nil && onDuty {
 			var n int64
 			if n, err = c.UniversalClient.Exists(ctx, paused).Result(); err == nil && n > 0 {
