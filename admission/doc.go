@@ -41,7 +41,7 @@
 //     lets nobody out, as it freed no place); and the settle of the place
 //     at the start (20: the place, and the next parked token let out for
 //     it).
-//   - A rate limit that is reached (S8): about 61 commands a task; a task
+//   - A rate limit that is reached (S8): about 58 commands a task; a task
 //     dequeued before its tokens are due is dequeued again when they are
 //     (2.9 dequeues a task, one of them finding the queue empty), one
 //     process at a time hands a room's tokens out (ratelimit.DutyLease),
