@@ -21,7 +21,8 @@ import (
 // process's presence in the room (a seat is never sent to a gone process),
 // takes the seats that freed without a release (a lease ran out: timed by
 // the soonest expiry), and asks again for the seats given while the
-// subscription was down. Its backoff grows from backoffBase to backoffMax.
+// subscription was down. Its backoff grows from backoffBase to backoffMax,
+// or to heardBackoffMax while the subscription is heard.
 
 const (
 	backoffBase = 20 * time.Millisecond
@@ -30,6 +31,10 @@ const (
 	// last recheck: a crashed process's waiters stop being given seats
 	// after it.
 	presenceTTL = 3 * time.Second
+	// heardBackoffMax bounds the backoff while the subscription is heard
+	// (seats come as messages): the rechecks, at most this far apart,
+	// still renew the presence twice a presenceTTL.
+	heardBackoffMax = presenceTTL / 2
 )
 
 // seatMsg is a seat given to a waiter: its member, and the server time of
@@ -368,12 +373,13 @@ func (s *Service) afterRecheck(key string, kw *keyWaits, rep reply, sent time.Ti
 	if earliest > 0 {
 		kw.earliest = time.UnixMilli(earliest)
 	}
-	floor := backoffBase
+	floor, ceiling := backoffBase, backoffMax
 	if r.heard {
-		// Seats reach us as messages: the recheck is only the safety net.
-		floor = backoffMax / 4
+		// Seats reach us as messages: the recheck is only the safety net,
+		// and renews the process's presence well within presenceTTL.
+		floor, ceiling = backoffMax/4, heardBackoffMax
 	}
-	kw.backoff = min(max(kw.backoff*2, floor), backoffMax)
+	kw.backoff = min(max(kw.backoff*2, floor), ceiling)
 	for wk, w := range r.waiters {
 		if wk.key != key || w.done {
 			continue

@@ -194,3 +194,49 @@ func TestClusterCap(t *testing.T) {
 		}
 	}
 }
+
+// TestLongWaitKeepsItsPresence: a waiter that waits long, its
+// subscription heard (its rechecks as far apart as they get), keeps its
+// process's presence in the room, with time to spare, at every moment: a
+// seat freed then is never passed over as if its process were gone.
+func TestLongWaitKeepsItsPresence(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	rdb := srv.Client()
+	key := uniqueKey(t)
+	holder := mustAcquire(t, newService(t, rdb), key, 1, semaphore.WithTTL(time.Minute))
+	ws := newService(t, rdb)
+	got := acquireInLine(t, ws, key)
+	procs := "fleetcap:sem:{" + key + "}:procs"
+	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		now, err := rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		presence, err := rdb.ZRangeWithScores(ctx, procs, 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(presence) != 1 {
+			t.Fatalf("%d presences in the room, want the waiter's process's", len(presence))
+		}
+		// The rechecks renew it (for 3s) at least every 1.5s: a second
+		// of it is always left, with half a second to spare for a slow
+		// recheck.
+		if left := time.UnixMilli(int64(presence[0].Score)).Sub(now); left < time.Second {
+			t.Fatalf("the waiting process's presence had %s left while it waited (backoff %s), want at least 1s", left, ws.LineBackoff(key))
+		}
+	}
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case p := <-got:
+		if p == nil {
+			t.Fatal("the waiter got no seat")
+		}
+		_ = p.Release(ctx)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the seat freed did not reach the waiter within 5s")
+	}
+}
