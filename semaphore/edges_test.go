@@ -380,3 +380,45 @@ func TestLeavingWaitersLeaveNoRoomKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestSeatSentWhileCutOffArrives: a seat given to a waiter while its
+// process is cut off from Redis (the message naming it is published to
+// nobody) reaches the waiter once the process is back: its recheck finds
+// the waiter out of the line with the seat held for it, and hands it on.
+func TestSeatSentWhileCutOffArrives(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	proxy, err := tcpproxy.New(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	key := uniqueKey(t)
+	holder := mustAcquire(t, newService(t, srv.Client()), key, 1, semaphore.WithTTL(time.Minute))
+	got := acquireInLine(t, newService(t, rdb), key)
+	proxy.Cut()
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	watcher := newService(t, srv.Client())
+	if n := used(t, watcher, key); n != 1 {
+		t.Fatalf("%d seats held after the release, want the one given to the waiter", n)
+	}
+	proxy.Restore()
+	select {
+	case p := <-got:
+		if p == nil {
+			t.Fatal("the waiter got no seat")
+		}
+		if p.Fence() == 0 {
+			t.Fatal("the seat handed on carries no fence")
+		}
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the seat given while the waiter's process was cut off never reached it")
+	}
+}

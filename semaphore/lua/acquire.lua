@@ -102,9 +102,13 @@ if mode == 'recheck' then
   -- given to its waiters while it did not listen (it was subscribing, or
   -- its subscription was cut) are given again, here.
   local fresh = redis.call('ZADD', KEYS[4], now + tonumber(a.procttl), a.channel) == 1
-  for i = 1, tonumber(a.mine or '0') do
-    local tok, m = a['t' .. i], a['m' .. i]
-    if not redis.call('ZSCORE', KEYS[2], tok) then
+  local n = tonumber(a.mine or '0')
+  local toks, waits = {}, {}
+  for i = 1, n do toks[i] = a['t' .. i] end
+  if n > 0 then waits = redis.call('ZMSCORE', KEYS[2], unpack(toks)) end
+  for i = 1, n do
+    local tok, m = toks[i], a['m' .. i]
+    if not waits[i] then
       local expiry = redis.call('ZSCORE', KEYS[1], m)
       if expiry then
         -- Its seat's fence went in the message it missed: a new one.
