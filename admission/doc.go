@@ -28,13 +28,14 @@
 //     in line goes to it in memory and moves with one call of
 //     handover.lua (semaphore/handover.go).
 //   - A cap that is full, tasks through the producer (S5, S10): about 93
-//     commands a task in all at 1 process, 99 at 20, asynq's included
+//     commands a task in all at 1 process (92 since the wake-up's one
+//     HMGET), 99 at 20, asynq's included
 //     (about 21 of them: the enqueue, one dequeue and a quarter of an empty
 //     one, done). Per task: the producer's park (11 commands inside one
 //     script call, letting out the next token if a place is free), with a
 //     reserve asked first only once a second while the key refuses places
 //     (7: the room is not looked through for a token made just now,
-//     semaphore.WithNewToken; see Gate.Route); one wake-up (wake.lua, 6); the
+//     semaphore.WithNewToken; see Gate.Route); one wake-up (wake.lua, 5); the
 //     enter of the woken task, standing by in its place (17: its place, its
 //     slot, the process's presence, each with its key's TTL); the release
 //     that hands its seat on (14: the seat, the next waiter, its fence; it

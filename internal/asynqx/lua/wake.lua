@@ -25,7 +25,8 @@
 --        handler may be about to send it back to wait), 3 its queue is
 --        paused (the task is pending, at the dequeuing end).
 
-local state = redis.call('HGET', KEYS[1], 'state')
+local task = redis.call('HMGET', KEYS[1], 'state', 'msg')
+local state, msg = task[1], task[2]
 if state == 'active' then return 2 end
 local paused = redis.call('EXISTS', KEYS[5]) == 1
 if state == 'pending' then
@@ -43,7 +44,6 @@ elseif state == 'scheduled' then
 else
   return 0
 end
-local msg = redis.call('HGET', KEYS[1], 'msg')
 if not msg or not string.find(msg, mark, 1, true) then return 0 end
 if redis.call('ZREM', from, ARGV[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'pending', 'pending_since', ARGV[4])
