@@ -27,9 +27,8 @@
 //     waiters, a seat given back while the process's own waiter is first
 //     in line goes to it in memory and moves with one call of
 //     handover.lua (semaphore/handover.go).
-//   - A cap that is full, tasks through the producer (S5, S10): about 93
-//     commands a task in all at 1 process (92 since the wake-up's one
-//     HMGET), 99 at 20, asynq's included
+//   - A cap that is full, tasks through the producer (S5, S10): about 90
+//     commands a task in all at 1 process, 97 at 20, asynq's included
 //     (about 21 of them: the enqueue, one dequeue and a quarter of an empty
 //     one, done). Per task: the producer's park (11 commands inside one
 //     script call, letting out the next token if a place is free), with a
@@ -40,8 +39,8 @@
 //     slot, the process's presence, each with its key's TTL); the release
 //     that hands its seat on (14: the seat, the next waiter, its fence; it
 //     lets nobody out, as it freed no place); and the settle of the place
-//     at the start (20: the place, and the next parked token let out for
-//     it).
+//     at the start (19: the place, and the next parked token let out for
+//     it; the room's settings read once).
 //   - A rate limit that is reached (S8): about 58 commands a task; a task
 //     dequeued before its tokens are due is dequeued again when they are
 //     (2.9 dequeues a task, one of them finding the queue empty), one

@@ -346,15 +346,28 @@ local function reclaim(now)
   end
 end
 
+-- roomSettings is the room's capacity, budget, transit and keyttl as it
+-- was last told of (see noteRoom), read once a call.
+local roomRead = nil
+local function roomSettings()
+  if not roomRead then roomRead = redis.call('HMGET', KEYS[8], 'capacity', 'budget', 'transit', 'keyttl') end
+  return roomRead
+end
+
+-- roomCapacity is the capacity the room was last told of, or fallback.
+local function roomCapacity(fallback)
+  return tonumber(roomSettings()[1] or fallback)
+end
+
 -- admit gives standby places to the parked tokens that arrived first,
 -- while fewer than the budget (the standby budget, or the free seats when
 -- more) hold one, and returns them.
 local function admit(now, free)
   if redis.call('EXISTS', KEYS[5], KEYS[6]) == 0 then return {} end
   reclaim(now)
-  local room = redis.call('HMGET', KEYS[8], 'budget', 'transit', 'keyttl')
-  local budget = math.max(tonumber(room[1] or '0'), free)
-  local transit = tonumber(room[2] or '1000')
+  local room = roomSettings()
+  local budget = math.max(tonumber(room[2] or '0'), free)
+  local transit = tonumber(room[3] or '1000')
   local out = {}
   local standing = redis.call('ZCARD', KEYS[6])
   while standing < budget do
@@ -365,9 +378,9 @@ local function admit(now, free)
     standing = standing + 1
     out[#out + 1] = first[1]
   end
-  if #out > 0 and room[3] then
-    redis.call('PEXPIRE', KEYS[6], room[3])
-    redis.call('PEXPIRE', KEYS[7], room[3])
+  if #out > 0 and room[4] then
+    redis.call('PEXPIRE', KEYS[6], room[4])
+    redis.call('PEXPIRE', KEYS[7], room[4])
   end
   return out
 end
@@ -401,6 +414,7 @@ local function noteRoom(a, now)
     .. math.floor(now / math.max(math.floor(keyttl / 4), 1))
   if redis.call('HGET', KEYS[8], 'sig') == sig then return end
   redis.call('HSET', KEYS[8], 'capacity', a.capacity, 'budget', a.budget, 'transit', a.transit, 'keyttl', a.keyttl, 'sig', sig)
+  roomRead = nil
   redis.call('PEXPIRE', KEYS[8], keyttl)
 end
 
@@ -415,9 +429,5 @@ local function lineHead()
   return first, clear
 end
 
--- roomCapacity is the capacity the room was last told of, or fallback.
-local function roomCapacity(fallback)
-  return tonumber(redis.call('HGET', KEYS[8], 'capacity') or fallback)
-end
 
 -- script body --
