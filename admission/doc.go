@@ -28,7 +28,7 @@
 //     in line goes to it in memory and moves with one call of
 //     handover.lua (semaphore/handover.go).
 //   - A cap that is full, tasks through the producer (S5, S10): about 90
-//     commands a task in all at 1 process, 97 at 20, asynq's included
+//     commands a task in all at 1 process, 95 at 20, asynq's included
 //     (about 21 of them: the enqueue, one dequeue and a quarter of an empty
 //     one, done). Per task: the producer's park (11 commands inside one
 //     script call, letting out the next token if a place is free), with a
