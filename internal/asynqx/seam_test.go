@@ -541,8 +541,10 @@ func TestTrickleKeepsTheDuty(t *testing.T) {
 			takes++
 		}
 	}
-	if most := 1 + int(elapsed/time.Second); takes > most {
-		t.Fatalf("the worker asked for its duty %d times for %d tasks in %s, want at most %d (once a second)", takes, tasks, elapsed.Round(time.Millisecond), most)
+	// Once a second, and a couple more for a duty handed on when the
+	// worker was slow to ask for its next task (see saturated).
+	if most := 3 + int(elapsed/time.Second); takes > most {
+		t.Fatalf("the worker asked for its duty %d times for %d tasks in %s, want at most %d (about once a second)", takes, tasks, elapsed.Round(time.Millisecond), most)
 	}
 }
 
