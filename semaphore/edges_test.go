@@ -398,6 +398,10 @@ func TestSeatSentWhileCutOffArrives(t *testing.T) {
 	key := uniqueKey(t)
 	holder := mustAcquire(t, newService(t, srv.Client()), key, 1, semaphore.WithTTL(time.Minute))
 	got := acquireInLine(t, newService(t, rdb), key)
+	waitfor.Condition(t, 5*time.Second, "the waiter is in the line on the server", func() bool {
+		n, err := srv.Client().ZCard(ctx, "fleetcap:sem:{"+key+"}:waiting").Result()
+		return err == nil && n == 1
+	})
 	proxy.Cut()
 	if err := holder.Release(ctx); err != nil {
 		t.Fatal(err)
