@@ -36,7 +36,7 @@ elseif waited then
   redis.call('HDEL', KEYS[3], token)
   redis.call('HDEL', KEYS[12], token)
   known = occupied()
-  if not known then redis.call('DEL', KEYS[8], KEYS[11], KEYS[12]) end
+  if not known then dropRoom() end
 elseif redis.call('EXISTS', KEYS[5], KEYS[6], KEYS[9]) > 0 then
   -- Its seat came as it left (given back above).
   forget(token)

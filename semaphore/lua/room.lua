@@ -144,6 +144,26 @@ local function occupied()
   return redis.call('EXISTS', KEYS[2], KEYS[5], KEYS[6]) > 0
 end
 
+-- roomSettings is the room's capacity, budget, transit and keyttl as it
+-- was last told of (see noteRoom), read once a call.
+local roomRead = nil
+local function roomSettings()
+  if not roomRead then roomRead = redis.call('HMGET', KEYS[8], 'capacity', 'budget', 'transit', 'keyttl') end
+  return roomRead
+end
+
+-- roomCapacity is the capacity the room was last told of, or fallback.
+local function roomCapacity(fallback)
+  return tonumber(roomSettings()[1] or fallback)
+end
+
+-- dropRoom deletes the keys an empty room keeps no more: its settings and
+-- a fair key's notes (the call reads the settings again if it asks).
+local function dropRoom()
+  redis.call('DEL', KEYS[8], KEYS[11], KEYS[12])
+  roomRead = nil
+end
+
 -- forgetPlaced takes a token that neither waits in a process nor is
 -- parked out of the room for good: its place, its arrival kept aside, a
 -- fair key's note of its real arrival. An empty room keeps no key; it
@@ -153,7 +173,7 @@ local function forgetPlaced(token)
   redis.call('ZREM', KEYS[9], token)
   redis.call('HDEL', KEYS[12], token)
   if occupied() then return true end
-  redis.call('DEL', KEYS[8], KEYS[11], KEYS[12])
+  dropRoom()
   return false
 end
 
@@ -346,19 +366,6 @@ local function reclaim(now)
   end
 end
 
--- roomSettings is the room's capacity, budget, transit and keyttl as it
--- was last told of (see noteRoom), read once a call.
-local roomRead = nil
-local function roomSettings()
-  if not roomRead then roomRead = redis.call('HMGET', KEYS[8], 'capacity', 'budget', 'transit', 'keyttl') end
-  return roomRead
-end
-
--- roomCapacity is the capacity the room was last told of, or fallback.
-local function roomCapacity(fallback)
-  return tonumber(roomSettings()[1] or fallback)
-end
-
 -- admit gives standby places to the parked tokens that arrived first,
 -- while fewer than the budget (the standby budget, or the free seats when
 -- more) hold one, and returns them.
@@ -428,6 +435,5 @@ local function lineHead()
   if redis.call('EXISTS', KEYS[5], KEYS[6], KEYS[9]) == 0 then clear = 1 end
   return first, clear
 end
-
 
 -- script body --
