@@ -54,7 +54,7 @@ func TestCrowdOfWaitersCostsAFewCalls(t *testing.T) {
 		t.Errorf("%d Redis commands for %d waiters that timed out, want at most 300", total, waiters)
 	}
 	for _, suffix := range []string{"waiting", "slots", "room"} {
-		k := semaphore.DefaultPrefix + "{" + key + "}:" + suffix
+		k := storeKey(key, suffix)
 		if n, err := admin.Exists(ctx, k).Result(); err != nil || n != 0 {
 			t.Errorf("%s left behind (%d, %v)", k, n, err)
 		}
@@ -72,7 +72,7 @@ func TestWaitersBehindKeepTheirArrival(t *testing.T) {
 	key := uniqueKey(t)
 	ctx := context.Background()
 	holder := mustAcquire(t, newService(t, srv.Client()), key, 1, semaphore.WithTTL(time.Minute))
-	waiting := semaphore.DefaultPrefix + "{" + key + "}:waiting"
+	waiting := storeKey(key, "waiting")
 	inRoom := func(want int64) func() bool {
 		return func() bool {
 			n, err := srv.Client().ZCard(ctx, waiting).Result()

@@ -82,7 +82,7 @@ func TestTryAcquireAfterAWaitersTurn(t *testing.T) {
 			t.Fatalf("round %d: TryAcquire: %v", round, err)
 		}
 		if p == nil {
-			n, _ := srv.Client().ZCard(ctx, "fleetcap:sem:{"+key+"}:waiting").Result()
+			n, _ := srv.Client().ZCard(ctx, storeKey(key, "waiting")).Result()
 			t.Fatalf("round %d: TryAcquire found no seat on a free semaphore (%d tokens waiting, %d seats used)", round, n, used(t, s, key))
 		}
 		if err := p.Release(ctx); err != nil {

@@ -367,7 +367,7 @@ func TestLeavingWaitersLeaveNoRoomKeys(t *testing.T) {
 			}
 		}
 		for _, suffix := range []string{"waiting", "slots", "room", "shares", "reals"} {
-			k := "fleetcap:sem:{" + key + "}:" + suffix
+			k := storeKey(key, suffix)
 			if n, err := srv.Client().Exists(ctx, k).Result(); err != nil || n != 0 {
 				t.Errorf("fair %v: %s left behind (%d, %v)", fair, k, n, err)
 			}
@@ -388,18 +388,12 @@ func TestLeavingWaitersLeaveNoRoomKeys(t *testing.T) {
 func TestSeatSentWhileCutOffArrives(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
-	proxy, err := tcpproxy.New(srv.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = proxy.Close() })
-	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr()})
-	t.Cleanup(func() { _ = rdb.Close() })
+	rdb, proxy := proxied(t, srv, 0)
 	key := uniqueKey(t)
 	holder := mustAcquire(t, newService(t, srv.Client()), key, 1, semaphore.WithTTL(time.Minute))
 	got := acquireInLine(t, newService(t, rdb), key)
 	waitfor.Condition(t, 5*time.Second, "the waiter is in the line on the server", func() bool {
-		n, err := srv.Client().ZCard(ctx, "fleetcap:sem:{"+key+"}:waiting").Result()
+		n, err := srv.Client().ZCard(ctx, storeKey(key, "waiting")).Result()
 		return err == nil && n == 1
 	})
 	proxy.Cut()

@@ -15,8 +15,6 @@ import (
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
-func holdersKey(key string) string { return semaphore.DefaultPrefix + "{" + key + "}:holders" }
-
 // TestLocalHandOverKeepsTheCap: two Services share a key whose waiters are
 // mostly served by local hand-overs (the seat goes to a waiter in memory,
 // the store learns of it one call later). An independent counter sees no
@@ -40,7 +38,7 @@ func TestLocalHandOverKeepsTheCap(t *testing.T) {
 				return
 			default:
 			}
-			n, err := raw.ZCard(context.Background(), holdersKey(key)).Result()
+			n, err := raw.ZCard(context.Background(), storeKey(key, "holders")).Result()
 			if err == nil && n > storeMax.Load() {
 				storeMax.Store(n)
 			}
@@ -130,11 +128,11 @@ func TestLocalHandOverOfALostSeat(t *testing.T) {
 
 	got := acquireInLine(t, s, key)
 	raw := srv.Client()
-	if err := raw.ZRem(ctx, holdersKey(key), p.ID()).Err(); err != nil {
+	if err := raw.ZRem(ctx, storeKey(key, "holders"), p.ID()).Err(); err != nil {
 		t.Fatal(err)
 	}
 	intruder := redis.Z{Score: float64(time.Now().Add(time.Minute).UnixMilli()), Member: "intruder"}
-	if err := raw.ZAdd(ctx, holdersKey(key), intruder).Err(); err != nil {
+	if err := raw.ZAdd(ctx, storeKey(key, "holders"), intruder).Err(); err != nil {
 		t.Fatal(err)
 	}
 

@@ -23,6 +23,10 @@ func uniqueKey(t *testing.T) string {
 	return fmt.Sprintf("%s-%d", t.Name(), keySeq.Add(1))
 }
 
+// storeKey is the Redis key of part (holders, waiting, procs, ...) of the
+// semaphore key, under the default prefix.
+func storeKey(key, part string) string { return semaphore.DefaultPrefix + "{" + key + "}:" + part }
+
 // newService returns a Service on its own client of srv, closed at test end.
 func newService(t *testing.T, rdb redis.UniversalClient, opts ...func(*semaphore.Options)) *semaphore.Service {
 	t.Helper()

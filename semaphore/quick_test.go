@@ -35,7 +35,7 @@ func TestQuickPathNeverOvertakesAWaiter(t *testing.T) {
 		t.Fatal(err)
 	}
 	lapsed := redis.Z{Score: float64(now.Add(-time.Second).UnixMilli()), Member: held.ID()}
-	if err := srv.Client().ZAddXX(ctx, holdersKey(key), lapsed).Err(); err != nil {
+	if err := srv.Client().ZAddXX(ctx, storeKey(key, "holders"), lapsed).Err(); err != nil {
 		t.Fatal(err)
 	}
 	p, err := trier.TryAcquire(ctx, key, 1)
@@ -135,7 +135,7 @@ func TestEnterAfterAsideLeavesNoAside(t *testing.T) {
 	if err := s.StepAside(ctx, key, "task-1"); err != nil {
 		t.Fatal(err)
 	}
-	asideKey := semaphore.DefaultPrefix + "{" + key + "}:aside"
+	asideKey := storeKey(key, "aside")
 	if n, err := srv.Client().Exists(ctx, asideKey).Result(); err != nil || n != 1 {
 		t.Fatalf("no aside key %s after StepAside: %d, %v", asideKey, n, err)
 	}

@@ -70,7 +70,7 @@ func TestRoomLetsOutInArrivalOrder(t *testing.T) {
 	ctx := context.Background()
 	key := uniqueKey(t)
 	room := roomOf(1)
-	parkedKey := semaphore.DefaultPrefix + "{" + key + "}:parked"
+	parkedKey := storeKey(key, "parked")
 
 	first := enter(t, s, key, 1, "t0", room)
 	if first.Permit == nil {

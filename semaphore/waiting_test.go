@@ -207,7 +207,7 @@ func TestLongWaitKeepsItsPresence(t *testing.T) {
 	holder := mustAcquire(t, newService(t, rdb), key, 1, semaphore.WithTTL(time.Minute))
 	ws := newService(t, rdb)
 	got := acquireInLine(t, ws, key)
-	procs := "fleetcap:sem:{" + key + "}:procs"
+	procs := storeKey(key, "procs")
 	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
 		now, err := rdb.Time(ctx).Result()
 		if err != nil {
@@ -238,7 +238,9 @@ func TestLongWaitKeepsItsPresence(t *testing.T) {
 		if p == nil {
 			t.Fatal("the waiter got no seat")
 		}
-		_ = p.Release(ctx)
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the seat freed did not reach the waiter within 5s")
 	}
