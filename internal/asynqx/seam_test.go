@@ -66,6 +66,23 @@ func newSeam(t *testing.T) *seam {
 	return s
 }
 
+// blockedIn counts the clients of the seam's Redis blocked in cmd now
+// (blmove: a worker on duty; blpop: one waiting on the doorbell), -1 when
+// Redis fails.
+func (s *seam) blockedIn(cmd string) int {
+	clients, err := s.rdb.ClientList(context.Background()).Result()
+	if err != nil {
+		return -1
+	}
+	n := 0
+	for _, c := range strings.Split(clients, "\n") {
+		if strings.Contains(c, " cmd="+cmd+" ") && strings.Contains(c, " flags=b ") {
+			n++
+		}
+	}
+	return n
+}
+
 // serve runs an asynq server with handler h on queue "q" until the test
 // ends; failures are not failures when notFailure says so.
 func (s *seam) serve(h asynq.HandlerFunc, logger asynq.Logger) {
@@ -433,10 +450,7 @@ func TestIdleWaitWakesOnPush(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-started
-	waitfor.Condition(t, 10*time.Second, "the server waits for work", func() bool {
-		clients, err := s.rdb.ClientList(context.Background()).Result()
-		return err == nil && strings.Contains(clients, "cmd=blmove")
-	})
+	waitfor.Condition(t, 10*time.Second, "the server waits for work", func() bool { return s.blockedIn("blmove") == 1 })
 	enqueued := time.Now()
 	if _, err := s.client.Enqueue(asynq.NewTask("t", nil), asynq.Queue("q")); err != nil {
 		t.Fatal(err)
@@ -466,16 +480,9 @@ func TestOneIdleWorkerWatches(t *testing.T) {
 			return nil
 		}, nil)
 	}
-	waiting := func(cmd string) int {
-		clients, err := s.rdb.ClientList(context.Background()).Result()
-		if err != nil {
-			return -1
-		}
-		return strings.Count(clients, "cmd="+cmd)
-	}
 	for round := range 3 {
 		waitfor.Condition(t, 10*time.Second, "one server watches, the others wait on the doorbell", func() bool {
-			return waiting("blmove") == 1 && waiting("blpop") == servers-1
+			return s.blockedIn("blmove") == 1 && s.blockedIn("blpop") == servers-1
 		})
 		info, err := s.client.Enqueue(asynq.NewTask("t", nil), asynq.Queue("q"))
 		if err != nil {
@@ -503,10 +510,7 @@ func TestTrickleKeepsTheDuty(t *testing.T) {
 		started <- struct{}{}
 		return nil
 	}, nil)
-	watching := func() bool {
-		clients, err := s.rdb.ClientList(ctx).Result()
-		return err == nil && strings.Contains(clients, "cmd=blmove")
-	}
+	watching := func() bool { return s.blockedIn("blmove") == 1 }
 	waitfor.Condition(t, 10*time.Second, "the idle worker watches the queue", watching)
 	// Every command goes to the slow log, with its arguments.
 	for _, kv := range [][2]string{{"slowlog-log-slower-than", "0"}, {"slowlog-max-len", "100000"}} {
@@ -618,10 +622,7 @@ func TestBacklogRingsForHelp(t *testing.T) {
 	}
 	first := make(chan error, 1)
 	go func() { first <- dequeue() }() // waits on duty
-	waitfor.Condition(t, 10*time.Second, "the worker watches the queue", func() bool {
-		clients, err := s.rdb.ClientList(ctx).Result()
-		return err == nil && strings.Contains(clients, "cmd=blmove")
-	})
+	waitfor.Condition(t, 10*time.Second, "the worker watches the queue", func() bool { return s.blockedIn("blmove") == 1 })
 	push(1)
 	if err := <-first; err != nil {
 		t.Fatalf("the dequeue woken by a push: %v", err)
