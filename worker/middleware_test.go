@@ -32,10 +32,7 @@ type testWorker struct {
 func newTestWorker(t *testing.T, tasksYAML string, handlers map[string]asynq.HandlerFunc) *testWorker {
 	t.Helper()
 	srv := redistest.Start(t)
-	cfg, err := worker.ParseConfig([]byte(fmt.Sprintf("redis:\n  url: %q\nworker:\n  concurrency: 4\n  shutdown_timeout: 3s\ntasks:\n%s", srv.URL(), tasksYAML)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := testConfig(t, srv, tasksYAML)
 	obs := &recorder{}
 	w, err := worker.New(cfg, worker.WithObserver(obs))
 	if err != nil {
@@ -53,6 +50,18 @@ func newTestWorker(t *testing.T, tasksYAML string, handlers map[string]asynq.Han
 	})
 	serve(t, w)
 	return tw
+}
+
+// testConfig is the config of a test worker on srv: concurrency 4, a
+// shutdown of 3s, and the task declarations tasksYAML (indented under
+// tasks:).
+func testConfig(t *testing.T, srv *redistest.Server, tasksYAML string) *worker.Config {
+	t.Helper()
+	cfg, err := worker.ParseConfig([]byte(fmt.Sprintf("redis:\n  url: %q\nworker:\n  concurrency: 4\n  shutdown_timeout: 3s\ntasks:\n%s", srv.URL(), tasksYAML)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }
 
 // serve runs w until the test ends, then stops it and wants Run to return
@@ -370,12 +379,7 @@ func TestIsFailureAndRetryDelay(t *testing.T) {
 // TestRunStoppedBeforeItServes: a worker told to stop before it reached
 // Redis (SIGTERM during start-up) ends without an error.
 func TestRunStoppedBeforeItServes(t *testing.T) {
-	srv := redistest.Start(t)
-	cfg, err := worker.ParseConfig([]byte(fmt.Sprintf("redis:\n  url: %q\n", srv.URL())))
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := worker.New(cfg)
+	w, err := worker.New(testConfig(t, redistest.Start(t), ""))
 	if err != nil {
 		t.Fatal(err)
 	}
