@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -324,6 +325,103 @@ tasks:
 	}
 	if twice := log.ranTwice(); len(twice) > 0 {
 		t.Errorf("ran more than once: %v", twice)
+	}
+	noneArchivedIn(t, srv)
+}
+
+// TestProducerHoldsBackTasksBeyondTheRate: a producer that enqueues a
+// backlog faster than its rate limit (a plain key) lets tasks through
+// holds all but the first few back in the limit's room, scheduled, and
+// brings none back while no worker runs. Once two workers start, every
+// task runs once, at most rate + burst in any second, and each is
+// dequeued once, as its token comes due: none is dequeued early to be
+// sent back (before, each of the backlog was).
+func TestProducerHoldsBackTasksBeyondTheRate(t *testing.T) {
+	const tasks, rate, burst = 40, 20, 2
+	srv := redistest.Start(t)
+	yaml := rateFleetYAML(srv.URL(), 10, fmt.Sprintf("    rate_limits: [{key: api, rate: %d, per: 1s, burst: %d}]\n", rate, burst))
+	enqueueJobs(t, newProducer(t, yaml, "job"), tasks, func(i int) string { return fmt.Sprintf(`{"i":%d}`, i) })
+	insp := asynq.NewInspector(asynq.RedisClientOpt{Addr: srv.Addr()})
+	defer insp.Close()
+	info, err := insp.GetQueueInfo("default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The burst, and what the rate earned while the 40 were enqueued.
+	if info.Pending > burst+2 || info.Pending+info.Scheduled != tasks {
+		t.Fatalf("after the enqueue: %d pending and %d scheduled, want at most %d pending and the rest scheduled", info.Pending, info.Scheduled, burst+2)
+	}
+	held := info.Pending
+	// The producer's loop asks for the room at once, and is told that no
+	// worker runs: nothing is brought back.
+	time.Sleep(300 * time.Millisecond)
+	if info, err = insp.GetQueueInfo("default"); err != nil {
+		t.Fatal(err)
+	}
+	if info.Pending != held {
+		t.Fatalf("with no worker running, %d tasks pending, want %d: tasks were brought back for nobody to run", info.Pending, held)
+	}
+
+	var mu sync.Mutex
+	dequeued := map[string]int{}
+	countDequeues := func(next asynq.Handler) asynq.Handler {
+		return asynq.HandlerFunc(func(ctx context.Context, task *asynq.Task) error {
+			id, _ := asynq.GetTaskID(ctx)
+			mu.Lock()
+			dequeued[id]++
+			mu.Unlock()
+			return next.ProcessTask(ctx, task)
+		})
+	}
+	log := newStartLog()
+	startWorkers(t, 2, yaml, map[string]asynq.HandlerFunc{"job": log.handler(0, nil)}, countDequeues)
+	waitfor.Condition(t, 30*time.Second, "every task runs", func() bool { return log.done() == tasks })
+	if most := mostInWindow(log.startsOf(""), time.Second); most > rate+burst {
+		t.Errorf("%d starts in one second: more than rate + burst = %d", most, rate+burst)
+	}
+	if twice := log.ranTwice(); len(twice) > 0 {
+		t.Errorf("ran more than once: %v", twice)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var again []string
+	for id, n := range dequeued {
+		if n > 1 {
+			again = append(again, fmt.Sprintf("%s x%d", id, n))
+		}
+	}
+	t.Logf("%d of %d tasks dequeued more than once: %v", len(again), tasks, again)
+	// A task sent straight to its queue may find its token taken by one
+	// brought back: at most those few go back once.
+	if len(again) > held {
+		t.Errorf("%d tasks dequeued more than once, want at most the %d sent straight to the queue", len(again), held)
+	}
+	noneArchivedIn(t, srv)
+}
+
+// TestWorkerBringsBackWhatAProducerLeftInARoom: tasks a producer held back
+// in a rate limit's room and left there (it closed before their tokens
+// were due) are brought back by a worker that starts later, at the
+// limit's pace, long before the safety net (parked_retry, 10 s) would
+// bring them.
+func TestWorkerBringsBackWhatAProducerLeftInARoom(t *testing.T) {
+	const tasks, rate, burst = 10, 5, 1
+	srv := redistest.Start(t)
+	yaml := rateFleetYAML(srv.URL(), 4, fmt.Sprintf("    rate_limits: [{key: api, rate: %d, per: 1s, burst: %d}]\n", rate, burst))
+	p := newProducer(t, yaml, "job")
+	enqueueJobs(t, p, tasks, func(i int) string { return fmt.Sprintf(`{"i":%d}`, i) })
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	log := newStartLog()
+	start := time.Now()
+	startWorkers(t, 1, yaml, map[string]asynq.HandlerFunc{"job": log.handler(0, nil)})
+	// 10 tasks at 5 a second take 2 s; 6 s leaves room for a slow machine
+	// and stays well before parked_retry.
+	waitfor.Condition(t, 6*time.Second, "every task runs", func() bool { return log.done() == tasks })
+	t.Logf("every task ran %s after the worker started", time.Since(start).Round(time.Millisecond))
+	if most := mostInWindow(log.startsOf(""), time.Second); most > rate+burst {
+		t.Errorf("%d starts in one second: more than rate + burst = %d", most, rate+burst)
 	}
 	noneArchivedIn(t, srv)
 }

@@ -14,26 +14,44 @@ import (
 	"github.com/fleetcap/fleetcap/config"
 	"github.com/fleetcap/fleetcap/control"
 	"github.com/fleetcap/fleetcap/internal/layout"
+	"github.com/fleetcap/fleetcap/ratelimit"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
-// Gate decides where a new capped task waits before a worker takes it, for
-// producers (package producer uses it). A task whose caps all have a place
-// for it (a free seat or a standby place, fleet-wide) goes to its queue as
-// usual, its places kept for it. Any other waits in the room of the first
-// cap that has none: it is enqueued scheduled (worker.parked_retry ahead,
-// the safety net), marked with WaitsForHeader, and parked; when a place
-// frees, it is brought to the front of its queue like a task a worker
-// parked. So a capped task is not dequeued while its cap is full.
+// Gate decides where a new limited task waits before a worker takes it,
+// for producers (package producer uses it). A task whose caps all have a
+// place for it (a free seat or a standby place, fleet-wide) and whose rate
+// limits are not busy goes to its queue as usual, its places kept for it.
+// Any other waits in the room of the first limit that has no room for it:
+// it is enqueued scheduled (worker.parked_retry ahead, the safety net),
+// marked with WaitsForHeader, and parked; when a place frees, or its
+// tokens are due, it is brought to the front of its queue like a task a
+// worker parked. So a limited task is not dequeued while its cap is full,
+// nor, mostly, before its tokens are due.
+//
+// A rate limit of a plain key is busy while this Gate parked tasks in its
+// room within the last second (they came first), and for a task beyond
+// the limit's own pace counted over the tasks this Gate sent to their
+// queue (a bucket of the limit's rate and burst in memory: no call to
+// Redis); a task parked in an empty room ends that second at once. The
+// Gate brings the tasks of the rooms it parked in back while it is open,
+// one process per room at a time (ratelimit.DutyLease); the workers look
+// into the rooms of plain keys every SweepInterval, so that tasks a
+// producer left behind are brought back. Rate limits of a template are not
+// routed: their tasks go to their queue, and a worker parks them when
+// their tokens are not due.
 type Gate struct {
 	cfg   *config.Config
 	table *Table
 	log   *slog.Logger
 	full  fullHints // the caps that refused a place lately (see Route)
+	pace  *ratePace // the plain rate limits' pace (see Route)
 
-	mu        sync.Mutex // guards opening: rdb, sem and overrides are set together, once it works
+	mu        sync.Mutex // guards opening: rdb, sem, adm and overrides are set together, once it works
 	rdb       redis.UniversalClient
 	sem       *semaphore.Service
+	adm       *Admitter // parks tasks for tokens and brings them back
+	stop      context.CancelFunc
 	overrides *control.Reader
 	layout    *layout.Lease
 }
@@ -49,8 +67,12 @@ func NewGate(cfg *config.Config, log *slog.Logger) (*Gate, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Gate{cfg: cfg, table: table, log: log, full: newFullHints()}, nil
+	return &Gate{cfg: cfg, table: table, log: log, full: newFullHints(), pace: newRatePace()}, nil
 }
+
+// Routes reports whether Route may keep tasks of taskType out of their
+// queue: they have a cap, or a rate limit of a plain key.
+func (g *Gate) Routes(taskType string) bool { return g.table.Routed(taskType) }
 
 // open opens the Gate's Redis client, semaphore and overrides, the first
 // time it works: a failure (Redis down, ctx done) is returned, and the next
@@ -79,7 +101,17 @@ func (g *Gate) open(ctx context.Context) error {
 	if err != nil {
 		return errors.Join(err, lease.Close(), sem.Close(), rdb.Close())
 	}
-	g.rdb, g.sem, g.overrides, g.layout = rdb, sem, overrides, lease
+	lim, err := ratelimit.New(rdb, ratelimit.Options{Prefix: g.cfg.Semaphore.Prefix, EnqueueOnly: true})
+	if err != nil {
+		return errors.Join(err, lease.Close(), sem.Close(), rdb.Close())
+	}
+	adm, err := New(Options{Redis: rdb, Table: g.table, Semaphore: sem, Limiter: lim, Sizes: overrides, Logger: g.log, ParkedRetry: g.cfg.Worker.ParkedRetry})
+	if err != nil {
+		return errors.Join(err, lease.Close(), sem.Close(), rdb.Close())
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	adm.Start(runCtx)
+	g.rdb, g.sem, g.adm, g.stop, g.overrides, g.layout = rdb, sem, adm, stop, overrides, lease
 	return nil
 }
 
@@ -87,6 +119,10 @@ func (g *Gate) open(ctx context.Context) error {
 func (g *Gate) Close() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if g.adm != nil {
+		g.stop()
+		g.adm.Wait() // its rooms' loops use the client
+	}
 	if g.overrides != nil {
 		g.overrides.Close()
 	}
@@ -105,10 +141,10 @@ func (g *Gate) Close() error {
 
 // Route is where a new task waits: in its queue (Waits false), with a
 // place kept for it on each of its caps, or in the room of one of its
-// caps.
+// limits.
 type Route struct {
 	g     *Gate
-	cap   Limit  // the cap it waits for, when it waits
+	limit Limit  // the limit it waits for, when it waits
 	token string // its token in the rooms
 	waits bool
 	kept  []Limit // the caps that keep a place for it
@@ -138,12 +174,21 @@ func (r Route) Options() []asynq.Option {
 }
 
 // Header is the header (name, value) of a waiting task.
-func (r Route) Header() (string, string) { return WaitsForHeader, r.cap.Key }
+func (r Route) Header() (string, string) { return WaitsForHeader, r.limit.Key }
 
-// Park puts the waiting task, enqueued, in its room; it is let out at once
-// when a place freed meanwhile.
+// Park puts the waiting task, enqueued, in its room; a cap lets it out at
+// once when a place freed meanwhile.
 func (r Route) Park(ctx context.Context) error {
-	return r.g.sem.Park(ctx, r.cap.Key, r.cap.Capacity, r.token, capRoom(&r.cap, r.g.cfg.Worker.ParkedRetry), r.cap.tokenOptions(r.fresh)...)
+	l := &r.limit
+	if l.Kind == KindCap {
+		return r.g.sem.Park(ctx, l.Key, l.Capacity, r.token, capRoom(l, r.g.cfg.Worker.ParkedRetry), l.tokenOptions(r.fresh)...)
+	}
+	n, err := r.g.adm.parkToken(ctx, *l, r.token)
+	if err == nil && n == 1 {
+		// It parked in an empty room: nobody came before the next task.
+		r.g.pace.parked.Forget(l.Key)
+	}
+	return err
 }
 
 // FullError is returned by Gate.Route for a task whose cap has no place
@@ -164,7 +209,9 @@ func (e *FullError) Error() string {
 // Route decides where the task of taskType with payload, to be enqueued on
 // queue with ID id, waits; fresh says that id was made for this task just
 // now (no task had it before), which saves looking for its token in the
-// rooms. A type without caps goes to its queue. Within fullHintFor of a
+// rooms. A type that Routes does not route goes to its queue. A task with
+// a busy rate limit of a plain key (see Gate) waits in its room, and asks
+// its caps for nothing. Within fullHintFor of a
 // cap refusing a place, the next tasks of its key wait in its room
 // without asking (a backlog enqueued at once costs one Reserve a second,
 // not one a task): their Park lets them out at once when a place freed
@@ -176,7 +223,7 @@ func (e *FullError) Error() string {
 // may overshoot it by their number; and a task given a standby place goes
 // to its queue without the check (the standby budget bounds those).
 func (g *Gate) Route(ctx context.Context, taskType string, payload []byte, queue, id string, fresh bool) (Route, error) {
-	if !g.table.Capped(taskType) {
+	if !g.table.Routed(taskType) {
 		return Route{}, nil
 	}
 	if queue == "" || id == "" {
@@ -189,8 +236,13 @@ func (g *Gate) Route(ctx context.Context, taskType string, payload []byte, queue
 	if err != nil {
 		return Route{}, err
 	}
-	caps := slices.DeleteFunc(limits, func(l Limit) bool { return l.Kind != KindCap })
 	token := Token{Queue: queue, ID: id}.String()
+	for _, l := range limits {
+		if l.Kind == KindRate && l.Template == "" && g.pace.busy(l) {
+			return Route{g: g, limit: l, token: token, waits: true, fresh: fresh}, nil
+		}
+	}
+	caps := slices.DeleteFunc(limits, func(l Limit) bool { return l.Kind != KindCap })
 	for i, l := range caps {
 		ok, err := g.reserve(ctx, l, token, fresh)
 		if err == nil && ok {
@@ -203,7 +255,7 @@ func (g *Gate) Route(ctx context.Context, taskType string, payload []byte, queue
 		if err != nil {
 			return Route{}, err
 		}
-		return Route{g: g, cap: l, token: token, waits: true, fresh: fresh}, nil
+		return Route{g: g, limit: l, token: token, waits: true, fresh: fresh}, nil
 	}
 	return Route{g: g, token: token, kept: caps}, nil
 }

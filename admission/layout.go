@@ -25,7 +25,7 @@ func ClaimLayout(ctx context.Context, rdb redis.UniversalClient, cfg *config.Con
 	return layout.Claim(ctx, rdb, layout.Options{
 		Role:            role,
 		SemaphorePrefix: cfg.Semaphore.Prefix,
-		CapKeys:         slices.Sorted(maps.Keys(table.PlainCaps())),
+		CapKeys:         slices.Sorted(maps.Keys(table.Plain(KindCap))),
 		Logger:          log,
 	})
 }

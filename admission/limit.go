@@ -136,9 +136,10 @@ func NewTable(cfg *config.Config) (*Table, error) {
 // Limited reports whether tasks of taskType have any limit.
 func (t *Table) Limited(taskType string) bool { return len(t.byType[taskType]) > 0 }
 
-// Capped reports whether tasks of taskType have a cap.
-func (t *Table) Capped(taskType string) bool {
-	return slices.ContainsFunc(t.byType[taskType], func(s Spec) bool { return s.Kind == KindCap })
+// Routed reports whether a producer's Gate may keep tasks of taskType out
+// of their queue: they have a cap, or a rate limit of a plain key.
+func (t *Table) Routed(taskType string) bool {
+	return slices.ContainsFunc(t.byType[taskType], func(s Spec) bool { return s.Kind == KindCap || !s.IsTemplate() })
 }
 
 // Types lists the task types that have limits, sorted.
@@ -265,13 +266,13 @@ func (l Limit) Resized(sizes Sizes) Limit {
 	return l
 }
 
-// PlainCaps are the declared caps whose key is not a template, by key
-// (the first declaration of each).
-func (t *Table) PlainCaps() map[string]Spec {
+// Plain are the declared limits of kind whose key is not a template, by
+// key (the first declaration of each).
+func (t *Table) Plain(kind Kind) map[string]Spec {
 	out := map[string]Spec{}
 	for _, specs := range t.byType {
 		for _, s := range specs {
-			if _, seen := out[s.Declared()]; !seen && s.Kind == KindCap && !s.IsTemplate() {
+			if _, seen := out[s.Declared()]; !seen && s.Kind == kind && !s.IsTemplate() {
 				out[s.Declared()] = s
 			}
 		}

@@ -98,6 +98,15 @@ func New(opts Options) (*Admitter, error) {
 // done (the worker serves); call it before the first task.
 func (a *Admitter) Start(ctx context.Context) { a.runCtx = ctx }
 
+// Wait returns once the loops that bring back tasks parked for tokens have
+// ended, with the wake-ups they started; they end when Start's ctx is done.
+func (a *Admitter) Wait() {
+	a.rateWakes.mu.Lock()
+	a.rateWakes.stopped = true
+	a.rateWakes.mu.Unlock()
+	a.rateWakes.wg.Wait()
+}
+
 // heldSeat is a seat a task holds while it runs.
 type heldSeat struct {
 	Limit
@@ -502,17 +511,25 @@ func waitForTokens(ctx context.Context, due time.Duration, deadline time.Time) b
 	}
 }
 
-// parkForTokens parks the task of token in the room of r, and makes sure
-// this process brings tasks back from it when their tokens are due.
+// parkForTokens parks the task of token in the room of r (parkToken).
 func (a *Admitter) parkForTokens(ctx context.Context, r Limit, token string) *Back {
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeCallTimeout)
 	defer cancel()
-	if err := a.Limiter.Park(pctx, r.Key, token, 3*a.ParkedRetry); err != nil {
+	if _, err := a.parkToken(pctx, r, token); err != nil {
 		taskID, _ := asynq.GetTaskID(ctx)
 		a.Logger.Warn("worker: park a task for tokens (it comes back after its delay)", "key", r.Key, "id", taskID, "err", err)
 	}
-	a.rateWakes.watch(a, r)
 	return &Back{Key: r.Key, Kind: KindRate, Why: ReasonRateLimited, Parked: true}
+}
+
+// parkToken puts token in the room of rate limit r, and makes sure this
+// process brings tasks back from it when their tokens are due, even when
+// the park failed (the room may hold others). It returns how many tokens
+// wait in the room.
+func (a *Admitter) parkToken(ctx context.Context, r Limit, token string) (int, error) {
+	n, err := a.Limiter.Park(ctx, r.Key, token, 3*a.ParkedRetry)
+	a.rateWakes.watch(a, r)
+	return n, err
 }
 
 // Run runs h holding the task's seats, and releases them after. A task

@@ -51,9 +51,16 @@ func capRoom(l *Limit, parkedRetry time.Duration) semaphore.Room {
 
 // Sweep lets tasks out of the rooms of the caps this process knows (its
 // plain keys, and the rendered keys it parked tasks for lately), and
-// audits the rooms it is handed. The worker calls it every SweepInterval,
-// and at once when an operator's override changes a capacity.
+// audits the rooms it is handed. It also looks into the room of each plain
+// rate-limit key, where a producer may have parked tasks (see Gate): one
+// call a key while nobody waits there; a room with tasks gets this
+// process's loop that brings them back (rateWakes), as when it parks a
+// task there itself. The worker calls it every SweepInterval (first as it
+// starts), and at once when an operator's override changes a capacity.
 func (a *Admitter) Sweep(ctx context.Context) {
+	for key, spec := range a.Table.Plain(KindRate) {
+		a.rateWakes.watch(a, Limit{Spec: spec, Key: key})
+	}
 	for _, l := range a.knownCaps() {
 		audit, err := a.Semaphore.Admit(ctx, l.Key, l.Capacity, a.room(&l))
 		if err != nil {
@@ -96,7 +103,7 @@ func (a *Admitter) audit(ctx context.Context, key string, tokens []string) {
 // rooms this process parked tasks lately, with their capacities in force.
 func (a *Admitter) knownCaps() []Limit {
 	var out []Limit
-	for key, spec := range a.Table.PlainCaps() {
+	for key, spec := range a.Table.Plain(KindCap) {
 		out = append(out, Limit{Spec: spec, Key: key}.Resized(a.Sizes))
 	}
 	for _, l := range a.rooms.list(3 * a.ParkedRetry) {

@@ -100,9 +100,13 @@ func (k *Waker) bringBack(ctx context.Context, mark, token string) asynqx.WakeRe
 }
 
 // rateWakes runs, for each rate limit whose room this process parked tasks
-// in, one loop that brings them back as their tokens come due.
+// in (or, for a plain key, found tasks in: see Sweep), one loop that
+// brings them back as their tokens come due.
 type rateWakes struct {
+	wg sync.WaitGroup // the loops and the wake-ups they started
 	mu sync.Mutex
+	// stopped: Admitter.Wait was called, and no loop starts any more.
+	stopped bool
 	// running maps the key of each loop that runs to whether a task
 	// parked since the loop last found the room empty: a loop ends only
 	// when it is false, so that no parked task is left unwatched.
@@ -117,14 +121,18 @@ func (rw *rateWakes) watch(a *Admitter, r Limit) {
 	if rw.running == nil {
 		rw.running = map[string]bool{}
 	}
-	if _, runs := rw.running[r.Key]; runs || a.runCtx == nil {
+	if _, runs := rw.running[r.Key]; runs || a.runCtx == nil || rw.stopped {
 		if runs {
 			rw.running[r.Key] = true
 		}
 		return
 	}
 	rw.running[r.Key] = false
-	go rw.loop(a, r)
+	rw.wg.Add(1)
+	go func() {
+		defer rw.wg.Done()
+		rw.loop(a, r)
+	}()
 }
 
 // done ends the loop of key unless a task parked since it found the room
@@ -170,7 +178,11 @@ func (rw *rateWakes) loop(a *Admitter, r Limit) {
 			}
 			wait = time.Second
 		case token != "":
-			go waker.bringBack(context.WithoutCancel(ctx), mark, token)
+			rw.wg.Add(1)
+			go func() {
+				defer rw.wg.Done()
+				waker.bringBack(context.WithoutCancel(ctx), mark, token)
+			}()
 			if wait < time.Millisecond {
 				continue
 			}

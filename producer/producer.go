@@ -254,12 +254,13 @@ func (p *Producer) send(ctx context.Context, pl *plan, payload []byte) (*asynq.T
 }
 
 // enqueue puts one checked task into Redis: in its queue, or, when a cap of
-// its type has no place for it, in that cap's waiting room, so that no
-// worker takes it while the cap is full (see admission.Gate). A task given a
+// its type has no place for it or a rate limit of its type is busy, in that
+// limit's waiting room, so that no worker takes it while the cap is full or
+// before its tokens are due (see admission.Gate). A task given a
 // time to run (asynq.ProcessIn, ProcessAt) or a group goes as asked.
 func (p *Producer) enqueue(ctx context.Context, pl *plan, payload []byte, headers map[string]string) (*asynq.TaskInfo, error) {
 	opts := pl.opts
-	if len(pl.caps) == 0 || !routable(opts) {
+	if !p.gate.Routes(pl.taskType) || !routable(opts) {
 		return p.client.EnqueueContext(ctx, asynq.NewTaskWithHeaders(pl.taskType, payload, headers), opts...)
 	}
 	id := taskIDOf(opts)

@@ -93,6 +93,12 @@ type Options struct {
 	Prefix string
 	// Observer receives every Take; nil: none.
 	Observer Observer
+	// EnqueueOnly says that this Limiter's process does not run the tasks
+	// it brings back from the rooms (a producer; a worker does). Such a
+	// Limiter hands a room's tokens out only while one that runs them
+	// asked for the room's duty lately, and gives the duty up to one (see
+	// NextDue), so that no task is brought back while no worker runs.
+	EnqueueOnly bool
 }
 
 // TakeEvent describes one Take call that reached Redis.
@@ -120,7 +126,7 @@ type Limiter struct {
 	gcra   *redis_rate.Limiter
 	prefix string
 	obs    Observer
-	id     string // this Limiter's name in the rooms' duty leases
+	id     string // this Limiter's name in the rooms' duty leases: its ID, "/0" when EnqueueOnly, "/1" else
 	duties duties
 }
 
@@ -134,7 +140,11 @@ func New(rdb redis.UniversalClient, opts Options) (*Limiter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ratelimit: New: Prefix %w", err)
 	}
-	return &Limiter{rdb: rdb, gcra: redis_rate.NewLimiter(rdb), prefix: prefix, obs: opts.Observer, id: rand.Text()}, nil
+	role := "/1"
+	if opts.EnqueueOnly {
+		role = "/0"
+	}
+	return &Limiter{rdb: rdb, gcra: redis_rate.NewLimiter(rdb), prefix: prefix, obs: opts.Observer, id: rand.Text() + role}, nil
 }
 
 // Take takes cost tokens of key now, or takes none and says in RetryAfter

@@ -27,17 +27,18 @@ var roomSrc string
 
 var roomScript = redis.NewScript(roomSrc)
 
-// Park puts token in key's room, keeping its place if it is there already.
-// The room lapses ttl after its last Park.
-func (l *Limiter) Park(ctx context.Context, key, token string, ttl time.Duration) error {
+// Park puts token in key's room, keeping its place if it is there already,
+// and returns how many tokens wait there now, token included. The room
+// lapses ttl after its last Park.
+func (l *Limiter) Park(ctx context.Context, key, token string, ttl time.Duration) (int, error) {
 	if key == "" || token == "" || ttl < time.Millisecond {
-		return fmt.Errorf("ratelimit: Park wants a key, a token and a ttl of at least 1ms, got %q, %q, %s", key, token, ttl)
+		return 0, fmt.Errorf("ratelimit: Park wants a key, a token and a ttl of at least 1ms, got %q, %q, %s", key, token, ttl)
 	}
-	room, next, duty := l.roomKeys(key)
-	if err := roomScript.Run(ctx, l.rdb, []string{room, next, duty}, "park", token, ttl.Milliseconds()).Err(); err != nil {
-		return fmt.Errorf("ratelimit: park on %q: %w", key, err)
+	n, err := roomScript.Run(ctx, l.rdb, l.roomKeys(key), "park", token, ttl.Milliseconds()).Int()
+	if err != nil {
+		return 0, fmt.Errorf("ratelimit: park on %q: %w", key, err)
 	}
-	return nil
+	return n, nil
 }
 
 // ErrRoomEmpty is returned by NextDue when no token waits in the room.
@@ -48,9 +49,10 @@ var ErrRoomEmpty = errors.New("ratelimit: nobody waits")
 // long until the next hand-out may be due, the time to ask again (after a
 // hand-out, the interval the limit earns cost tokens in, or less when it
 // was late). While another process holds the room's duty, it hands out
-// nothing and says DutyLease. It returns ErrRoomEmpty when no token waits.
+// nothing and says DutyLease; so does an EnqueueOnly Limiter while no
+// other Limiter asked for the duty within the last 3 DutyLeases. It
+// returns ErrRoomEmpty when no token waits.
 func (l *Limiter) NextDue(ctx context.Context, key string, limit Limit, cost int) (token string, wait time.Duration, err error) {
-	room, next, duty := l.roomKeys(key)
 	// The duty is asked for first, unless this Limiter took it lately;
 	// then only when the tokens are not due (the pop says when the room is
 	// empty).
@@ -72,7 +74,8 @@ func (l *Limiter) NextDue(ctx context.Context, key string, limit Limit, cost int
 		}
 		return "", peek.RetryAfter, nil
 	}
-	vals, err := roomScript.Run(ctx, l.rdb, []string{room, next, duty}, "pop", time.Duration(float64(cost)*float64(limit.interval())).Microseconds(), l.id).Slice()
+	vals, err := roomScript.Run(ctx, l.rdb, l.roomKeys(key), "pop", time.Duration(float64(cost)*float64(limit.interval())).Microseconds(), l.id,
+		DutyLease.Microseconds()).Slice()
 	if err != nil {
 		return "", 0, fmt.Errorf("ratelimit: room of %q: %w", key, err)
 	}
@@ -92,8 +95,7 @@ func (l *Limiter) NextDue(ctx context.Context, key string, limit Limit, cost int
 // DutyLease (the wait before asking again) when another process holds it,
 // ErrRoomEmpty when nobody waits.
 func (l *Limiter) takeDuty(ctx context.Context, key string) (time.Duration, error) {
-	room, next, duty := l.roomKeys(key)
-	held, err := roomScript.Run(ctx, l.rdb, []string{room, next, duty}, "duty", l.id, DutyLease.Milliseconds()).Int64Slice()
+	held, err := roomScript.Run(ctx, l.rdb, l.roomKeys(key), "duty", l.id, DutyLease.Milliseconds()).Int64Slice()
 	switch {
 	case err != nil:
 		return 0, fmt.Errorf("ratelimit: duty of the room of %q: %w", key, err)
@@ -110,11 +112,11 @@ func (l *Limiter) takeDuty(ctx context.Context, key string) (time.Duration, erro
 	return 0, nil
 }
 
-// roomKeys are key's room (a ZSET of tokens by arrival), the stamp of the
-// next hand-out and the duty's lease, in the hash tag of key's limit.
-func (l *Limiter) roomKeys(key string) (room, next, duty string) {
+// roomKeys are the keys of key's room (see room.lua), in the hash tag of
+// key's limit.
+func (l *Limiter) roomKeys(key string) []string {
 	base := "rate:" + l.redisKey(key)
-	return base + ":room", base + ":next", base + ":duty"
+	return []string{base + ":room", base + ":next", base + ":duty", base + ":served"}
 }
 
 // DutyLease is how long a process's duty of handing out a room's tokens

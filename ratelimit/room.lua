@@ -1,10 +1,12 @@
 -- room.lua: the tasks that wait for tokens of a key outside any process.
 --
--- KEYS[1] room  ZSET token -> arrival (server µs)
--- KEYS[2] next  STRING: server µs before which no token is handed out
--- KEYS[3] duty  STRING: the process that hands tokens out, leased
+-- KEYS[1] room    ZSET token -> arrival (server µs)
+-- KEYS[2] next    STRING: server µs before which no token is handed out
+-- KEYS[3] duty    STRING: the process that hands tokens out, leased
+-- KEYS[4] served  STRING, leased: a process that runs the tasks it brings
+--                 back (a worker) asked for the duty lately
 -- ARGV[1] 'park': ARGV[2] token, ARGV[3] ms the room outlives this call.
---         Reply: 1.
+--         Reply: the tokens in the room, this one included.
 --         'pop': the tokens are due: hand out the first token, unless the
 --         next hand-out is not due yet. Hand-outs are spaced ARGV[2] µs (the
 --         interval the limit earns the cost in) from the one before, not
@@ -13,21 +15,31 @@
 --         that (or first), the next is spaced from now less half an
 --         interval, so that processes asking at once wake one. ARGV[3]
 --         is the asking process: it gives its duty up when the room is
---         empty.
+--         empty; a producer (see below) hands nothing out while no worker
+--         asked for the duty lately (KEYS[4]), so that tasks are not
+--         brought back for nobody to run, nor once a worker took its duty
+--         over, and asks again after ARGV[4] µs.
 --         Reply: {token or '', µs to wait before asking again (until
 --         the next hand-out, also after one; -1: the room is empty)}
---         'duty': ARGV[2] the asking process, ARGV[3] ms its duty lasts:
---         take (or keep) the duty of handing tokens out, unless another
---         process holds it; the holder gives it up once the room is empty.
+--         'duty': ARGV[2] the asking process, ARGV[3] ms its duty lasts,
+--         ARGV[4] '1' when it runs tasks (a worker; it says so for 3
+--         leases in KEYS[4]): take (or keep) the duty of handing tokens
+--         out, unless another process holds it (a worker takes it over
+--         from a producer); the holder gives it up once the room is empty.
 --         Reply: {1 on duty | 0 not, 1 when the room is empty | 0}
+--
+-- A process's name in the duty is its ID, '/', and '1' for a worker, '0'
+-- for a producer.
 
 if ARGV[1] == 'duty' then
+  local worker = string.sub(ARGV[2], -2) == '/1'
+  if worker then redis.call('SET', KEYS[4], '1', 'PX', 3 * tonumber(ARGV[3])) end
   local holder = redis.call('GET', KEYS[3])
   if redis.call('EXISTS', KEYS[1]) == 0 then
     if holder == ARGV[2] then redis.call('DEL', KEYS[3]) end
     return {0, 1}
   end
-  if holder and holder ~= ARGV[2] then return {0, 0} end
+  if holder and holder ~= ARGV[2] and not (worker and string.sub(holder, -2) == '/0') then return {0, 0} end
   redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3])
   return {1, 0}
 end
@@ -36,11 +48,14 @@ local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
 if ARGV[1] == 'park' then
   redis.call('ZADD', KEYS[1], 'NX', nowus, ARGV[2])
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  return 1
+  return redis.call('ZCARD', KEYS[1])
 end
 if redis.call('EXISTS', KEYS[1]) == 0 then
   if redis.call('GET', KEYS[3]) == ARGV[3] then redis.call('DEL', KEYS[3]) end
   return {'', -1}
+end
+if string.sub(ARGV[3], -2) == '/0' and (redis.call('EXISTS', KEYS[4]) == 0 or redis.call('GET', KEYS[3]) ~= ARGV[3]) then
+  return {'', tonumber(ARGV[4])}
 end
 local next = tonumber(redis.call('GET', KEYS[2]) or '0')
 if nowus < next then return {'', next - nowus} end

@@ -17,18 +17,19 @@ import (
 func TestRoomHandsOutOneTokenPerInterval(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
-	l, err := ratelimit.New(srv.Client(), ratelimit.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := newLimiter(t, srv.Client(), nil)
 	limit := ratelimit.Limit{Rate: 20, Per: time.Second, Burst: 1} // one token per 50 ms
 	key := t.Name()
 	if _, _, err := l.NextDue(ctx, key, limit, 1); !errors.Is(err, ratelimit.ErrRoomEmpty) {
 		t.Fatalf("NextDue of an empty room: %v, want ErrRoomEmpty", err)
 	}
-	for _, token := range []string{"a", "b", "a", "c"} {
-		if err := l.Park(ctx, key, token, time.Minute); err != nil {
+	for i, token := range []string{"a", "b", "a", "c"} {
+		n, err := l.Park(ctx, key, token, time.Minute)
+		if err != nil {
 			t.Fatal(err)
+		}
+		if want := []int{1, 2, 2, 3}[i]; n != want {
+			t.Fatalf("park %q: %d tokens in the room, want %d (a token parked twice keeps its one place)", token, n, want)
 		}
 	}
 	if res, err := l.Take(ctx, key, limit, 1); err != nil || !res.Allowed {
@@ -91,18 +92,12 @@ func TestRoomHandsOutOneTokenPerInterval(t *testing.T) {
 func TestOneProcessHandsOutARoom(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
-	first, err := ratelimit.New(srv.Client(), ratelimit.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	second, err := ratelimit.New(srv.Client(), ratelimit.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	first := newLimiter(t, srv.Client(), nil)
+	second := newLimiter(t, srv.Client(), nil)
 	limit := ratelimit.Limit{Rate: 1000, Per: time.Second, Burst: 1}
 	key := t.Name()
 	for _, token := range []string{"a", "b", "c"} {
-		if err := first.Park(ctx, key, token, time.Minute); err != nil {
+		if _, err := first.Park(ctx, key, token, time.Minute); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -137,5 +132,38 @@ func TestOneProcessHandsOutARoom(t *testing.T) {
 		if _, _, err := l.NextDue(ctx, key, limit, 1); !errors.Is(err, ratelimit.ErrRoomEmpty) {
 			t.Fatalf("NextDue of the emptied room: %v, want ErrRoomEmpty", err)
 		}
+	}
+}
+
+// TestEnqueueOnlyHandsOutForWorkers: a producer's Limiter (EnqueueOnly)
+// hands nothing out of a room while no worker's Limiter asked for its
+// duty, so that no task is brought back for nobody to run; a worker's
+// Limiter takes the duty over from it at once and hands the first token
+// out, and the producer's is then told to ask again after DutyLease.
+func TestEnqueueOnlyHandsOutForWorkers(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	producer, err := ratelimit.New(srv.Client(), ratelimit.Options{Prefix: "test:", EnqueueOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	worker := newLimiter(t, srv.Client(), nil)
+	limit := ratelimit.Limit{Rate: 1000, Per: time.Second, Burst: 1}
+	key := t.Name()
+	for _, token := range []string{"a", "b"} {
+		if _, err := producer.Park(ctx, key, token, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 { // the duty taken, then held
+		if token, wait, err := producer.NextDue(ctx, key, limit, 1); err != nil || token != "" || wait != ratelimit.DutyLease {
+			t.Fatalf("the producer's NextDue with no worker = %q, %s, %v, want \"\", %s", token, wait, err, ratelimit.DutyLease)
+		}
+	}
+	if token, _, err := worker.NextDue(ctx, key, limit, 1); err != nil || token != "a" {
+		t.Fatalf("the worker's NextDue while the producer holds the duty = %q, %v, want a", token, err)
+	}
+	if token, wait, err := producer.NextDue(ctx, key, limit, 1); err != nil || token != "" || wait != ratelimit.DutyLease {
+		t.Fatalf("the producer's NextDue after the worker took the duty = %q, %s, %v, want \"\", %s", token, wait, err, ratelimit.DutyLease)
 	}
 }

@@ -27,14 +27,16 @@ const (
 
 // recoverLoop runs until ctx is done: every recoverInterval it brings back
 // the tasks of dead workers, and every admission.SweepInterval it sweeps
-// the waiting rooms (Admitter.Sweep); it sweeps at once when an operator's override changes
-// a capacity, so that the whole fleet applies it within a second.
+// the waiting rooms (Admitter.Sweep), first as it starts, so that tasks a
+// producer parked are brought back at once; it sweeps at once when an
+// operator's override changes a capacity, so that the whole fleet applies
+// it within a second.
 func (w *Worker) recoverLoop(ctx context.Context) {
 	t := time.NewTicker(overridesCheck)
 	defer t.Stop()
 	last := w.overrides.Overrides()
 	nextRecover := time.Now().Add(recoverInterval)
-	nextSweep := time.Now().Add(admission.SweepInterval)
+	nextSweep := time.Now()
 	for {
 		select {
 		case <-ctx.Done():

@@ -111,7 +111,7 @@ func TestOneSlotPerKeyOnACluster(t *testing.T) {
 		if _, err := lim.Take(ctx, key, limit, 1); err != nil {
 			t.Fatalf("key %q: Take: %v", key, err)
 		}
-		if err := lim.Park(ctx, key, "q\x00task", time.Minute); err != nil {
+		if _, err := lim.Park(ctx, key, "q\x00task", time.Minute); err != nil {
 			t.Fatalf("key %q: rate Park: %v", key, err)
 		}
 
