@@ -6,7 +6,8 @@
 // (Admission.Run). A task that cannot run now goes back as a Back, parked
 // in the waiting room of the limit that held it back, and is brought to
 // the dequeuing end of its queue when its turn comes (Waker, wake.go). A
-// producer's Gate routes a new task the same way before it is enqueued.
+// producer's Gate routes a new task the same way before it is enqueued
+// (gate.go, pace.go).
 //
 // What a task costs Redis, counted with INFO commandstats on the
 // benchmarks of SPEC §4 (commands inside scripts counted one by one):
@@ -41,10 +42,18 @@
 //     lets nobody out, as it freed no place); and the settle of the place
 //     at the start (19: the place, and the next parked token let out for
 //     it; the room's settings read once).
-//   - A rate limit that is reached (S8): about 58 commands a task; a task
-//     dequeued before its tokens are due is dequeued again when they are
-//     (2.9 dequeues a task, one of them finding the queue empty), one
-//     process at a time hands a room's tokens out (ratelimit.DutyLease),
-//     and it asks the room again only when the next hand-out is due. A
-//     task of one rate limit takes its tokens without peeking first.
+//   - A rate limit that is reached, tasks through the producer (S8):
+//     about 39 commands a task from the workers' start, 48 with the
+//     enqueue. The producer holds a backlog back in the limit's room (see
+//     Gate: the enqueue as scheduled, 4, and the park, 5), so a task is
+//     dequeued once, when its tokens are due: the room's hand-out (the
+//     look at the limit, 4, and the pop, 6; one process at a time hands
+//     a room's tokens out, ratelimit.DutyLease, and it asks again only
+//     when the next hand-out is due), the wake-up (6), the dequeue (7,
+//     and an empty one, 3, as the queue runs dry between hand-outs), the
+//     take (4), done (7), and the idle watch between (2). A task of one rate
+//     limit takes its tokens without peeking first. A task enqueued with
+//     plain asynq, or of a template's key, is dequeued before its tokens
+//     are due, goes back parked, and is dequeued again when they are
+//     (about 58 commands a task).
 package admission
