@@ -528,7 +528,7 @@ func (a *Admitter) parkForTokens(ctx context.Context, r Limit, token string) *Ba
 // wait in the room.
 func (a *Admitter) parkToken(ctx context.Context, r Limit, token string) (int, error) {
 	n, err := a.Limiter.Park(ctx, r.Key, token, 3*a.ParkedRetry)
-	a.rateWakes.watch(a, r)
+	a.rateWakes.watch(a, r, err == nil && n == 1)
 	return n, err
 }
 

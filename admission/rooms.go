@@ -59,7 +59,7 @@ func capRoom(l *Limit, parkedRetry time.Duration) semaphore.Room {
 // starts), and at once when an operator's override changes a capacity.
 func (a *Admitter) Sweep(ctx context.Context) {
 	for key, spec := range a.Table.Plain(KindRate) {
-		a.rateWakes.watch(a, Limit{Spec: spec, Key: key})
+		a.rateWakes.watch(a, Limit{Spec: spec, Key: key}, false)
 	}
 	for _, l := range a.knownCaps() {
 		audit, err := a.Semaphore.Admit(ctx, l.Key, l.Capacity, a.room(&l))

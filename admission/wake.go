@@ -107,31 +107,48 @@ type rateWakes struct {
 	mu sync.Mutex
 	// stopped: Admitter.Wait was called, and no loop starts any more.
 	stopped bool
-	// running maps the key of each loop that runs to whether a task
-	// parked since the loop last found the room empty: a loop ends only
-	// when it is false, so that no parked task is left unwatched.
-	running map[string]bool
+	running map[string]*rateLoop // by key
+}
+
+// rateLoop is what a running loop is told.
+type rateLoop struct {
+	// again: a task parked since the loop last found the room empty; a
+	// loop ends only when it is false, so that no parked task is left
+	// unwatched.
+	again bool
+	// nudge wakes the loop from its wait when a task parks in an empty
+	// room: the loop may be waiting a DutyLease out while the duty's
+	// holder, finding the room empty, gave the duty up.
+	nudge chan struct{}
 }
 
 // watch starts the loop of r's key, or tells the running one that a task
-// parked.
-func (rw *rateWakes) watch(a *Admitter, r Limit) {
+// parked; first says that it parked in an empty room.
+func (rw *rateWakes) watch(a *Admitter, r Limit, first bool) {
 	rw.mu.Lock()
 	defer rw.mu.Unlock()
-	if rw.running == nil {
-		rw.running = map[string]bool{}
-	}
-	if _, runs := rw.running[r.Key]; runs || a.runCtx == nil || rw.stopped {
-		if runs {
-			rw.running[r.Key] = true
+	if l, runs := rw.running[r.Key]; runs {
+		l.again = true
+		if first {
+			select {
+			case l.nudge <- struct{}{}:
+			default: // nudged already
+			}
 		}
 		return
 	}
-	rw.running[r.Key] = false
+	if a.runCtx == nil || rw.stopped {
+		return
+	}
+	if rw.running == nil {
+		rw.running = map[string]*rateLoop{}
+	}
+	l := &rateLoop{nudge: make(chan struct{}, 1)}
+	rw.running[r.Key] = l
 	rw.wg.Add(1)
 	go func() {
 		defer rw.wg.Done()
-		rw.loop(a, r)
+		rw.loop(a, r, l)
 	}()
 }
 
@@ -140,8 +157,8 @@ func (rw *rateWakes) watch(a *Admitter, r Limit) {
 func (rw *rateWakes) done(key string) bool {
 	rw.mu.Lock()
 	defer rw.mu.Unlock()
-	if rw.running[key] {
-		rw.running[key] = false
+	if l := rw.running[key]; l.again {
+		l.again = false
 		return false
 	}
 	delete(rw.running, key)
@@ -151,8 +168,8 @@ func (rw *rateWakes) done(key string) bool {
 // loop brings back the tasks of r's room, one a token, until it is empty
 // or the worker stops. Between two asks it sleeps until the next hand-out
 // may be due, as the room says, also right after a hand-out: asking at
-// once would only hear that.
-func (rw *rateWakes) loop(a *Admitter, r Limit) {
+// once would only hear that; a nudge ends the wait.
+func (rw *rateWakes) loop(a *Admitter, r Limit, l *rateLoop) {
 	ctx := a.runCtx
 	defer func() {
 		if ctx.Err() != nil { // the worker stops: nothing is watched any more
@@ -190,6 +207,8 @@ func (rw *rateWakes) loop(a *Admitter, r Limit) {
 		t := time.NewTimer(max(wait, time.Millisecond))
 		select {
 		case <-t.C:
+		case <-l.nudge:
+			t.Stop()
 		case <-ctx.Done():
 			t.Stop()
 		}

@@ -127,7 +127,9 @@ type Limiter struct {
 	prefix string
 	obs    Observer
 	id     string // this Limiter's name in the rooms' duty leases: its ID, "/0" when EnqueueOnly, "/1" else
-	duties duties
+	// enqueueOnly is Options.EnqueueOnly.
+	enqueueOnly bool
+	duties      duties
 }
 
 // New returns a limiter on rdb (a client, a Cluster client or a failover
@@ -144,7 +146,7 @@ func New(rdb redis.UniversalClient, opts Options) (*Limiter, error) {
 	if opts.EnqueueOnly {
 		role = "/0"
 	}
-	return &Limiter{rdb: rdb, gcra: redis_rate.NewLimiter(rdb), prefix: prefix, obs: opts.Observer, id: rand.Text() + role}, nil
+	return &Limiter{rdb: rdb, gcra: redis_rate.NewLimiter(rdb), prefix: prefix, obs: opts.Observer, id: rand.Text() + role, enqueueOnly: opts.EnqueueOnly}, nil
 }
 
 // Take takes cost tokens of key now, or takes none and says in RetryAfter

@@ -55,8 +55,9 @@ var ErrRoomEmpty = errors.New("ratelimit: nobody waits")
 func (l *Limiter) NextDue(ctx context.Context, key string, limit Limit, cost int) (token string, wait time.Duration, err error) {
 	// The duty is asked for first, unless this Limiter took it lately;
 	// then only when the tokens are not due (the pop says when the room is
-	// empty).
-	checked := !l.duties.fresh(key)
+	// empty). An EnqueueOnly Limiter always asks first: a worker may have
+	// taken its duty over.
+	checked := l.enqueueOnly || !l.duties.fresh(key)
 	if checked {
 		if wait, err := l.takeDuty(ctx, key); err != nil || wait > 0 {
 			return "", wait, err

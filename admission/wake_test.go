@@ -1,0 +1,96 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
+	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
+	"github.com/fleetcap/fleetcap/ratelimit"
+	"github.com/fleetcap/fleetcap/semaphore"
+)
+
+// TestParkInAnEmptyRoomNudgesTheLoop: a process's loop of a rate limit's
+// room that waits a DutyLease out (another process held the duty) asks
+// again at once when a task parks in the room after it emptied, instead
+// of leaving the task there until the lease is out: the other process
+// hands out the last token, finds the room empty and gives the duty up;
+// then a task parks, and its token is handed out within 300 ms.
+func TestParkInAnEmptyRoomNudgesTheLoop(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	sem, err := semaphore.New(rdb, semaphore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sem.Close() })
+	newLimiter := func() *ratelimit.Limiter {
+		l, err := ratelimit.New(rdb, ratelimit.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	lim, other := newLimiter(), newLimiter()
+	a, err := New(Options{Redis: rdb, Table: tableFor(t, "tasks: {job: {rate_limits: [{key: api, rate: 1000, per: 1s, burst: 10}]}}\n"),
+		Semaphore: sem, Limiter: lim, ParkedRetry: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	t.Cleanup(func() { stop(); a.Wait() })
+	a.Start(runCtx)
+	l := Limit{Spec: a.Table.Plain(KindRate)["api"], Key: "api"}.Resized(nil)
+
+	// The other process holds the duty of a room with one token in it,
+	// which is not due: the burst is spent.
+	due := l.Rate
+	if _, err := other.Park(ctx, "api", "first", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := other.Take(ctx, "api", due, due.Burst); err != nil || !res.Allowed {
+		t.Fatalf("spend the burst: %+v, %v", res, err)
+	}
+	if token, _, err := other.NextDue(ctx, "api", due, 1); err != nil || token != "" {
+		t.Fatalf("the other process's first ask = %q, %v, want the duty and nothing handed out", token, err)
+	}
+	// This process's loop asks once, hears that the duty is held, and
+	// waits the lease out (its ask is the one script call counted here).
+	calls := func() int64 {
+		info, err := rdb.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, rest, _ := strings.Cut(info, "cmdstat_evalsha:calls=")
+		n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+		return n
+	}
+	before := calls()
+	a.rateWakes.watch(a, l, false)
+	waitfor.Condition(t, 5*time.Second, "the loop asks for the room", func() bool { return calls() > before })
+
+	// The other process hands the token out once it is due, finds the
+	// room empty and gives the duty up.
+	time.Sleep(2 * time.Millisecond) // a token comes back every millisecond
+	if token, _, err := other.NextDue(ctx, "api", due, 1); err != nil || token != "first" {
+		t.Fatalf("the other process's hand-out = %q, %v, want first", token, err)
+	}
+	if _, _, err := other.NextDue(ctx, "api", due, 1); !errors.Is(err, ratelimit.ErrRoomEmpty) {
+		t.Fatalf("the other process's next ask: %v, want ErrRoomEmpty", err)
+	}
+	start := time.Now()
+	if n, err := a.parkToken(ctx, l, "q\x00late"); err != nil || n != 1 {
+		t.Fatalf("park in the empty room = %d, %v, want 1", n, err)
+	}
+	room := lim.RedisKey("api") + ":room"
+	waitfor.Condition(t, 300*time.Millisecond, "the token parked in the empty room is handed out", func() bool {
+		n, err := rdb.Exists(ctx, room).Result()
+		return err == nil && n == 0
+	})
+	t.Logf("handed out %s after the park", time.Since(start).Round(time.Millisecond))
+}
