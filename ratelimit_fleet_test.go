@@ -425,3 +425,41 @@ func TestWorkerBringsBackWhatAProducerLeftInARoom(t *testing.T) {
 	}
 	noneArchivedIn(t, srv)
 }
+
+// TestDeletedWaitingTaskDoesNotDelayTheNext: an operator deletes a task
+// that waits in a rate limit's room (with asynq's Inspector, as asynqmon
+// and the asynq CLI do): the task behind it runs when its token is due,
+// not one interval later. At 1 token every 2 s with a burst of 1, A goes
+// straight to the queue and takes the token, B and C wait in the room; B
+// is deleted; C must start 2 s after A (within 300 ms), not 4 s.
+func TestDeletedWaitingTaskDoesNotDelayTheNext(t *testing.T) {
+	const interval = 2 * time.Second
+	srv := redistest.Start(t)
+	yaml := rateFleetYAML(srv.URL(), 4, "    rate_limits: [{key: api, rate: 1, per: 2s, burst: 1}]\n")
+	log := newStartLog()
+	startWorkers(t, 1, yaml, map[string]asynq.HandlerFunc{"job": log.handler(0, nil)})
+	p := newProducer(t, yaml, "job")
+	var ids []string
+	for _, name := range []string{"a", "b", "c"} {
+		info, err := p.Enqueue(context.Background(), "job", []byte(fmt.Sprintf(`{"name":%q}`, name)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, info.ID)
+	}
+	insp := asynq.NewInspector(asynq.RedisClientOpt{Addr: srv.Addr()})
+	defer insp.Close()
+	if err := insp.DeleteTask("default", ids[1]); err != nil {
+		t.Fatalf("delete B, which waits in the room (scheduled): %v", err)
+	}
+	waitfor.Condition(t, 10*time.Second, "A and C run", func() bool { return log.done() == 2 })
+	starts := log.startsOf("")
+	gap := starts[1].Sub(starts[0])
+	t.Logf("C started %s after A", gap.Round(time.Millisecond))
+	if gap > interval+300*time.Millisecond {
+		t.Errorf("C started %s after A, want about %s: the hand-out of the deleted B delayed it", gap.Round(time.Millisecond), interval)
+	}
+	if twice := log.ranTwice(); len(twice) > 0 {
+		t.Errorf("ran more than once: %v", twice)
+	}
+}

@@ -117,8 +117,9 @@ type rateLoop struct {
 	// unwatched.
 	again bool
 	// nudge wakes the loop from its wait when a task parks in an empty
-	// room: the loop may be waiting a DutyLease out while the duty's
-	// holder, finding the room empty, gave the duty up.
+	// room (the loop may be waiting a DutyLease out while the duty's
+	// holder, finding the room empty, gave the duty up), or when a task
+	// it handed a token out to no longer waited (see void).
 	nudge chan struct{}
 }
 
@@ -165,6 +166,21 @@ func (rw *rateWakes) done(key string) bool {
 	return true
 }
 
+// void takes back a hand-out of r's room whose task no longer waits, and
+// nudges the loop l to hand out the next at once, if it is due.
+func (rw *rateWakes) void(a *Admitter, r Limit, l *rateLoop, limit ratelimit.Limit) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.runCtx), storeCallTimeout)
+	defer cancel()
+	if err := a.Limiter.Void(ctx, r.Key, limit, r.Spec.Rate.Cost); err != nil {
+		a.Logger.Warn("worker: take back the hand-out of a task that no longer waits (the next comes an interval later)", "key", r.Key, "err", err)
+		return
+	}
+	select {
+	case l.nudge <- struct{}{}:
+	default: // nudged already
+	}
+}
+
 // loop brings back the tasks of r's room, one a token, until it is empty
 // or the worker stops. Between two asks it sleeps until the next hand-out
 // may be due, as the room says, also right after a hand-out: asking at
@@ -198,7 +214,9 @@ func (rw *rateWakes) loop(a *Admitter, r Limit, l *rateLoop) {
 			rw.wg.Add(1)
 			go func() {
 				defer rw.wg.Done()
-				waker.bringBack(context.WithoutCancel(ctx), mark, token)
+				if waker.bringBack(context.WithoutCancel(ctx), mark, token) == asynqx.Gone {
+					rw.void(a, r, l, limit)
+				}
 			}()
 			if wait < time.Millisecond {
 				continue

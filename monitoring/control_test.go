@@ -246,20 +246,27 @@ func TestRateRowsAndRateOverride(t *testing.T) {
 	if _, err := f.limiter.Take(ctx, "stripe:acct_1", stripeLimit, 3); err != nil {
 		t.Fatal(err)
 	}
+	for key, tokens := range map[string][]string{"slack": {"q\x00a", "q\x00b"}, "stripe:acct_1": {"q\x00c"}} {
+		for _, token := range tokens {
+			if _, err := f.limiter.Park(ctx, key, token, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	rows := rowsByKey(t, f)
 	slack := rows["rate slack"]
-	if slack["rate"] != 1.0 || slack["per"] != "1m0s" || slack["burst"] != 2.0 || slack["remaining"] != 2.0 || slack["override"] != false {
-		t.Errorf("slack row = %v, want 1 per 1m0s, burst 2, 2 remaining, no override", slack)
+	if slack["rate"] != 1.0 || slack["per"] != "1m0s" || slack["burst"] != 2.0 || slack["remaining"] != 2.0 || slack["override"] != false || slack["waiting"] != 2.0 {
+		t.Errorf("slack row = %v, want 1 per 1m0s, burst 2, 2 remaining, no override, 2 waiting", slack)
 	}
 	tpl := rows["rate stripe:{account_id}"]
-	if tpl["template"] != true || tpl["rate"] != 10.0 || tpl["keys"] != 1.0 {
-		t.Errorf("template row = %v", tpl)
+	if tpl["template"] != true || tpl["rate"] != 10.0 || tpl["keys"] != 1.0 || tpl["waiting"] != 1.0 {
+		t.Errorf("template row = %v, want 1 key, 1 waiting", tpl)
 	}
 	if _, has := tpl["remaining"]; has {
 		t.Errorf("template row has remaining: %v", tpl)
 	}
-	if acct := rows["rate stripe:acct_1"]; acct == nil || acct["remaining"] != 1.0 {
-		t.Errorf("stripe:acct_1 row = %v, want 1 of 4 tokens left beneath its template", acct)
+	if acct := rows["rate stripe:acct_1"]; acct == nil || acct["remaining"] != 1.0 || acct["waiting"] != 1.0 {
+		t.Errorf("stripe:acct_1 row = %v, want 1 of 4 tokens left and 1 waiting, beneath its template", acct)
 	}
 
 	code, body := f.send(t, "PUT", "/api/ratelimits/"+url.PathEscape("stripe:{account_id}"), "Bearer "+adminToken, `{"rate": 20, "per": "1m", "burst": 3}`)

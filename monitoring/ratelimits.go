@@ -45,6 +45,10 @@ type RateLimitStatus struct {
 	// Remaining is how many tokens may be taken now (absent on a template
 	// row).
 	Remaining *int `json:"remaining,omitempty"`
+	// Waiting is how many tasks wait in the key's room for their tokens
+	// (held back by a producer, or sent back by a worker); a template's
+	// row sums its rendered keys that the worker listed.
+	Waiting int `json:"waiting"`
 
 	// Template rows only, as for SemaphoreStatus: the rendered keys the
 	// worker listed, and the busiest of those in use (fewest tokens left).
@@ -94,16 +98,20 @@ func (s *snapshotter) rateTemplateRow(name string, configured ratelimit.Limit) R
 	return row
 }
 
-// inUse reports whether some of the key's tokens are taken.
-func (r RateLimitStatus) inUse() bool { return *r.Remaining < r.Burst }
+// inUse reports whether some of the key's tokens are taken, or tasks wait
+// for them.
+func (r RateLimitStatus) inUse() bool { return *r.Remaining < r.Burst || r.Waiting > 0 }
 
 // count counts one of a template's rendered keys in the template's row.
-func (r *RateLimitStatus) count(RateLimitStatus) { r.Keys++ }
+func (r *RateLimitStatus) count(rendered RateLimitStatus) {
+	r.Keys++
+	r.Waiting += rendered.Waiting
+}
 
 // setBusiest sets the rendered keys listed beneath a template's row.
 func (r *RateLimitStatus) setBusiest(rendered []RateLimitStatus) { r.Busiest = rendered }
 
-// readRates reads the remaining tokens of every listed plain and rendered
+// readRates reads the remaining tokens and the tasks waiting of every listed plain and rendered
 // rate-limit key, and returns the rows busiest first, templates with their
 // busiest rendered keys beneath.
 func (s *snapshotter) readRates(ctx context.Context) ([]RateLimitStatus, error) {
@@ -135,6 +143,9 @@ func (s *snapshotter) readRates(ctx context.Context) ([]RateLimitStatus, error) 
 			return RateLimitStatus{}, err
 		}
 		row.Remaining = &res.Remaining
+		if row.Waiting, err = s.limiter.Waiting(ctx, k.Key); err != nil {
+			return RateLimitStatus{}, err
+		}
 		return row, nil
 	})
 	if err != nil {

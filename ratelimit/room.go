@@ -41,6 +41,35 @@ func (l *Limiter) Park(ctx context.Context, key, token string, ttl time.Duration
 	return n, nil
 }
 
+// Void takes back a hand-out of key's room (NextDue) whose task no longer
+// waits (an operator deleted it, or it ran meanwhile): it does not count
+// against the pace, so the next token is handed out one interval of cost
+// tokens sooner.
+func (l *Limiter) Void(ctx context.Context, key string, limit Limit, cost int) error {
+	if err := checkArgs(key, limit, cost); err != nil {
+		return err
+	}
+	if err := roomScript.Run(ctx, l.rdb, l.roomKeys(key), "void", l.handOutGap(limit, cost)).Err(); err != nil {
+		return fmt.Errorf("ratelimit: room of %q: %w", key, err)
+	}
+	return nil
+}
+
+// handOutGap is the µs between two hand-outs of a room: the interval the
+// limit earns cost tokens in.
+func (l *Limiter) handOutGap(limit Limit, cost int) int64 {
+	return time.Duration(float64(cost) * float64(limit.interval())).Microseconds()
+}
+
+// Waiting returns how many tokens wait in key's room.
+func (l *Limiter) Waiting(ctx context.Context, key string) (int, error) {
+	n, err := l.rdb.ZCard(ctx, l.roomKeys(key)[0]).Result()
+	if err != nil {
+		return 0, fmt.Errorf("ratelimit: room of %q: %w", key, err)
+	}
+	return int(n), nil
+}
+
 // ErrRoomEmpty is returned by NextDue when no token waits in the room.
 var ErrRoomEmpty = errors.New("ratelimit: nobody waits")
 
@@ -75,7 +104,7 @@ func (l *Limiter) NextDue(ctx context.Context, key string, limit Limit, cost int
 		}
 		return "", peek.RetryAfter, nil
 	}
-	vals, err := roomScript.Run(ctx, l.rdb, l.roomKeys(key), "pop", time.Duration(float64(cost)*float64(limit.interval())).Microseconds(), l.id,
+	vals, err := roomScript.Run(ctx, l.rdb, l.roomKeys(key), "pop", l.handOutGap(limit, cost), l.id,
 		DutyLease.Microseconds()).Slice()
 	if err != nil {
 		return "", 0, fmt.Errorf("ratelimit: room of %q: %w", key, err)

@@ -21,6 +21,10 @@
 --         over, and asks again after ARGV[4] µs.
 --         Reply: {token or '', µs to wait before asking again (until
 --         the next hand-out, also after one; -1: the room is empty)}
+--         'void': a token handed out belonged to a task that no longer
+--         waits (deleted, or run meanwhile): the next hand-out comes
+--         ARGV[2] µs (the interval) sooner, as if it had not been made.
+--         Reply: 1.
 --         'duty': ARGV[2] the asking process, ARGV[3] ms its duty lasts,
 --         ARGV[4] '1' when it runs tasks (a worker; it says so for 3
 --         leases in KEYS[4]): take (or keep) the duty of handing tokens
@@ -42,6 +46,11 @@ if ARGV[1] == 'duty' then
   if holder and holder ~= ARGV[2] and not (worker and string.sub(holder, -2) == '/0') then return {0, 0} end
   redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3])
   return {1, 0}
+end
+if ARGV[1] == 'void' then
+  local next = redis.call('GET', KEYS[2])
+  if next then redis.call('SET', KEYS[2], tonumber(next) - tonumber(ARGV[2]), 'PX', math.ceil(tonumber(ARGV[2]) / 1000) + 1000) end
+  return 1
 end
 local t = redis.call('TIME')
 local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])

@@ -106,6 +106,6 @@ tasks:
 	}
 	waitfor.Condition(t, 20*time.Second, "the template's row counts the rendered rate-limit key", func() bool {
 		_, body := send("GET", "/api/semaphores", "")
-		return strings.Contains(body, `"key":"reports:{tenant_id}","rate":10,"per":"1s","burst":4,"configured":{"rate":10,"per":"1s","burst":4},"override":false,"template":true,"keys":1`)
+		return strings.Contains(body, `"key":"reports:{tenant_id}","rate":10,"per":"1s","burst":4,"configured":{"rate":10,"per":"1s","burst":4},"override":false,"waiting":0,"template":true,"keys":1`)
 	})
 }
