@@ -13,14 +13,16 @@ import (
 
 // Waiting for tokens outside any process. A scheduler whose tasks wait in a
 // queue rather than in a goroutine (the worker) parks a token per task that
-// found no tokens, and asks NextDue, when the first is due, which task to
+// found no tokens (and its producer one per task it holds back before it
+// is ever dequeued), and asks NextDue, when the first is due, which task to
 // bring back: one token a time, in arrival order, fleet-wide (however many
 // processes ask, NextDue hands out at most one token per interval the
 // limit earns cost tokens in). Of the processes that ask, one at a time
 // holds the duty of a room (a lease of DutyLease, renewed as it asks, and
 // given up once the room is empty): only it looks at the tokens; the
 // others are told to ask again after DutyLease, and one of them takes the
-// duty over once the holder stops asking (it stopped, or died).
+// duty over once the holder stops asking (it stopped, or died); a worker
+// takes it over from a producer at once (Options.EnqueueOnly).
 
 //go:embed room.lua
 var roomSrc string
