@@ -111,9 +111,9 @@ func (r *RateLimitStatus) count(rendered RateLimitStatus) {
 // setBusiest sets the rendered keys listed beneath a template's row.
 func (r *RateLimitStatus) setBusiest(rendered []RateLimitStatus) { r.Busiest = rendered }
 
-// readRates reads the remaining tokens and the tasks waiting of every listed plain and rendered
-// rate-limit key, and returns the rows busiest first, templates with their
-// busiest rendered keys beneath.
+// readRates reads the remaining tokens and the tasks waiting of every
+// listed plain and rendered rate-limit key, and returns the rows busiest
+// first, templates with their busiest rendered keys beneath.
 func (s *snapshotter) readRates(ctx context.Context) ([]RateLimitStatus, error) {
 	if s.limiter == nil {
 		return nil, nil
@@ -123,16 +123,9 @@ func (s *snapshotter) readRates(ctx context.Context) ([]RateLimitStatus, error) 
 		return nil, err
 	}
 	rows := newTemplateRows[RateLimitStatus]()
-	var lookups []RateKeyInfo
-	seen := map[string]bool{}
-	for _, k := range infos {
-		switch {
-		case k.Template != "" && k.Template == k.Key:
-			rows.setTemplate(k.Key, s.rateTemplateRow(k.Key, k.Limit)) // the template's own entry wins
-		case !seen[k.Key]:
-			seen[k.Key] = true
-			lookups = append(lookups, k)
-		}
+	lookups, templates := splitKeys(infos)
+	for _, k := range templates {
+		rows.setTemplate(k.Key, s.rateTemplateRow(k.Key, k.Limit)) // the template's own entry wins
 	}
 	results, err := inParallel(len(lookups), func(i int) (RateLimitStatus, error) {
 		k := lookups[i]

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/fleetcap/fleetcap/ratelimit"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
@@ -32,22 +33,26 @@ func (r *roomTotals) add(st semaphore.RoomStats) {
 	r.oldest = max(r.oldest, st.OldestWait)
 }
 
-// splitKeys parts infos into the keys that hold seats and rooms (plain and
-// rendered keys, each once, in order) and the declared templates (in
-// order).
-func splitKeys(infos []KeyInfo) (seatKeys, templates []KeyInfo) {
+// splitKeys parts infos (KeyInfo or RateKeyInfo) into the keys that hold
+// seats or tokens, and rooms (plain and rendered keys, each once, in
+// order), and the declared templates (in order).
+func splitKeys[K interface{ names() (key, template string) }](infos []K) (keys, templates []K) {
 	seen := map[string]bool{}
 	for _, k := range infos {
+		key, template := k.names()
 		switch {
-		case k.Template != "" && k.Template == k.Key:
+		case template != "" && template == key:
 			templates = append(templates, k)
-		case !seen[k.Key]:
-			seen[k.Key] = true
-			seatKeys = append(seatKeys, k)
+		case !seen[key]:
+			seen[key] = true
+			keys = append(keys, k)
 		}
 	}
-	return seatKeys, templates
+	return keys, templates
 }
+
+func (k KeyInfo) names() (key, template string)     { return k.Key, k.Template }
+func (k RateKeyInfo) names() (key, template string) { return k.Key, k.Template }
 
 // rowKey is the row, and the metrics' key label, that k counts in: its
 // template for a rendered key, else the key itself.
@@ -70,6 +75,11 @@ type RoomCollectorOptions struct {
 	// Logger receives read errors (at most one per CacheFor). Default
 	// slog.Default().
 	Logger *slog.Logger
+	// Limiter and RateKeys, when both are set, add the rooms of the rate
+	// limits RateKeys lists (see ServerOptions.RateKeys):
+	// fleetcap_ratelimit_tasks_waiting{key}.
+	Limiter  *ratelimit.Limiter
+	RateKeys func(context.Context) ([]RateKeyInfo, error)
 }
 
 // RoomCollector exports the waiting rooms of the semaphore keys a worker
@@ -83,20 +93,38 @@ type RoomCollectorOptions struct {
 // lists), fleetcap_semaphore_fair_value_waiting{key,value} for the values
 // with the most tasks waiting of a plain key with fair_by (at most 5 a
 // key), and fleetcap_semaphore_rooms_up (0 when the last reading of a
-// key failed). The values are fleet-wide, the same in every worker that
-// lists the key: take max across instances, not sum. Create it with
-// NewRoomCollector.
+// key failed). With a Limiter it also exports
+// fleetcap_ratelimit_tasks_waiting{key}: the tasks waiting in each rate
+// limit's room for their tokens (held back by a producer, or sent back by
+// a worker), labelled in the same way. The values are fleet-wide, the
+// same in every worker that lists the key: take max across instances, not
+// sum. Create it with NewRoomCollector.
 type RoomCollector struct {
-	sem     *semaphore.Service
-	keys    func(context.Context) ([]KeyInfo, error)
-	timeout time.Duration
-	cache   scrapeCache[[]roomRow]
+	sem      *semaphore.Service
+	keys     func(context.Context) ([]KeyInfo, error)
+	limiter  *ratelimit.Limiter
+	rateKeys func(context.Context) ([]RateKeyInfo, error)
+	timeout  time.Duration
+	cache    scrapeCache[roomReading]
+}
+
+// roomReading is one reading of the rooms: the caps' rows, then the rate
+// limits'.
+type roomReading struct {
+	caps  []roomRow
+	rates []rateRoomRow
 }
 
 // roomRow is one labelled series of a reading.
 type roomRow struct {
 	key string
 	roomTotals
+}
+
+// rateRoomRow is the tasks waiting for the tokens of one rate-limit row.
+type rateRoomRow struct {
+	key     string
+	waiting int
 }
 
 var _ prometheus.Collector = (*RoomCollector)(nil)
@@ -114,6 +142,9 @@ var (
 	roomFairValueDesc = prometheus.NewDesc("fleetcap_semaphore_fair_value_waiting",
 		"Tasks waiting for a seat of a plain key with fair_by, for each of its fair_by values with the most waiting (at most 5 a key), fleet-wide, read from its waiting room in Redis.",
 		[]string{"key", "value"}, nil)
+	rateRoomWaitingDesc = prometheus.NewDesc("fleetcap_ratelimit_tasks_waiting",
+		"Tasks waiting for tokens of the rate limit's key, fleet-wide, read from its room in Redis: held back by a producer (enqueued scheduled, never dequeued) or sent back by a worker. A template sums the rendered keys this worker lists.",
+		[]string{"key"}, nil)
 	roomsUpDesc = prometheus.NewDesc("fleetcap_semaphore_rooms_up",
 		"1 when the last reading of every listed key's waiting room from Redis succeeded, else 0.",
 		nil, nil)
@@ -126,7 +157,10 @@ func NewRoomCollector(sem *semaphore.Service, keys func(context.Context) ([]KeyI
 		return nil, errors.New("monitoring: NewRoomCollector needs a semaphore.Service and a key list")
 	}
 	c := &RoomCollector{sem: sem, keys: keys, timeout: opts.Timeout,
-		cache: newScrapeCache[[]roomRow](opts.CacheFor, opts.Logger, "the semaphores' waiting rooms")}
+		cache: newScrapeCache[roomReading](opts.CacheFor, opts.Logger, "the semaphores' waiting rooms")}
+	if opts.Limiter != nil && opts.RateKeys != nil {
+		c.limiter, c.rateKeys = opts.Limiter, opts.RateKeys
+	}
 	if c.timeout <= 0 {
 		c.timeout = 5 * time.Second
 	}
@@ -135,20 +169,23 @@ func NewRoomCollector(sem *semaphore.Service, keys func(context.Context) ([]KeyI
 
 // Describe implements prometheus.Collector. It does not touch Redis.
 func (c *RoomCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{roomWaitingDesc, roomOldestDesc, roomStandbyDesc, roomFairValueDesc, roomsUpDesc} {
+	for _, d := range []*prometheus.Desc{roomWaitingDesc, roomOldestDesc, roomStandbyDesc, roomFairValueDesc, rateRoomWaitingDesc, roomsUpDesc} {
 		ch <- d
 	}
 }
 
 // Collect implements prometheus.Collector.
 func (c *RoomCollector) Collect(ch chan<- prometheus.Metric) {
-	rows, err := c.cache.get(c.read)
+	reading, err := c.cache.get(c.read)
 	up := 1.0
 	if err != nil {
 		up = 0
 	}
 	ch <- prometheus.MustNewConstMetric(roomsUpDesc, prometheus.GaugeValue, up)
-	for _, r := range rows {
+	for _, r := range reading.rates {
+		ch <- prometheus.MustNewConstMetric(rateRoomWaitingDesc, prometheus.GaugeValue, float64(r.waiting), r.key)
+	}
+	for _, r := range reading.caps {
 		ch <- prometheus.MustNewConstMetric(roomWaitingDesc, prometheus.GaugeValue, float64(r.waiting), r.key)
 		ch <- prometheus.MustNewConstMetric(roomOldestDesc, prometheus.GaugeValue, r.oldest.Seconds(), r.key)
 		ch <- prometheus.MustNewConstMetric(roomStandbyDesc, prometheus.GaugeValue, float64(r.standby), r.key)
@@ -159,10 +196,62 @@ func (c *RoomCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // read reads the rooms, within the collector's timeout.
-func (c *RoomCollector) read() ([]roomRow, error) {
+func (c *RoomCollector) read() (roomReading, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
-	return c.readRooms(ctx)
+	caps, err := c.readRooms(ctx)
+	rates, rerr := c.readRateRooms(ctx)
+	return roomReading{caps: caps, rates: rates}, errors.Join(err, rerr)
+}
+
+// readRateRooms reads the room of every listed rate-limit key (plain and
+// rendered), a few at a time, and sums them by row (a rendered key's
+// template). A key that fails leaves its row out and is reported.
+func (c *RoomCollector) readRateRooms(ctx context.Context) ([]rateRoomRow, error) {
+	if c.limiter == nil {
+		return nil, nil
+	}
+	infos, err := c.rateKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	totals, failed := map[string]int{}, map[string]bool{}
+	keys, templates := splitKeys(infos)
+	for _, k := range templates {
+		totals[k.Key] = 0 // a template reads 0 until a key of it is listed
+	}
+	got, _ := inParallel(len(keys), func(i int) (rateReading, error) {
+		n, err := c.limiter.Waiting(ctx, keys[i].Key)
+		return rateReading{n, err}, nil
+	})
+	var errs []error
+	for i, k := range keys {
+		row := cmp.Or(k.Template, k.Key)
+		if got[i].err != nil {
+			failed[row] = true
+			errs = append(errs, got[i].err)
+			continue
+		}
+		totals[row] += got[i].n
+	}
+	rows := make([]rateRoomRow, 0, len(totals))
+	for key, n := range totals {
+		if !failed[key] {
+			rows = append(rows, rateRoomRow{key: key, waiting: n})
+		}
+	}
+	slices.SortFunc(rows, func(a, b rateRoomRow) int { return cmp.Compare(a.key, b.key) })
+	if len(errs) > 0 {
+		return rows, fmt.Errorf("monitoring: %d of %d rate rooms unread, the first: %w", len(errs), len(keys), errs[0])
+	}
+	return rows, nil
+}
+
+// rateReading is the tasks waiting in one rate room, or why they are not
+// known.
+type rateReading struct {
+	n   int
+	err error
 }
 
 // readRooms reads the room of every listed key, a few at a time, and sums

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
+	"github.com/fleetcap/fleetcap/ratelimit"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
@@ -186,11 +187,7 @@ func evalshaCalls(t *testing.T, rdb *redis.Client) int {
 func TestRoomCollectorReadsOncePerInterval(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client()
-	sem, err := semaphore.New(rdb, semaphore.Options{Prefix: "test:sem:"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sem.Close() })
+	sem := newTestSemaphore(t, rdb)
 	const tenants = 40
 	keys := []KeyInfo{{Key: "tenant:{tenant_id}", Capacity: 1, Template: "tenant:{tenant_id}"}}
 	for i := range tenants {
@@ -295,4 +292,63 @@ func semaphoreRows(t *testing.T, f *fixture) ([]SemaphoreStatus, string) {
 		t.Fatal(err)
 	}
 	return rows, body
+}
+
+// TestRateRoomsOnMetrics: the tasks waiting in the rate limits' rooms are
+// exported as fleetcap_ratelimit_tasks_waiting, a plain key under its own
+// label, the rendered keys of a template summed under the template's (no
+// series a tenant), an idle key at 0.
+func TestRateRoomsOnMetrics(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	sem := newTestSemaphore(t, rdb)
+	lim, err := ratelimit.New(rdb, ratelimit.Options{Prefix: "test:sem:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for key, n := range map[string]int{"slack": 2, "stripe:acct_1": 1, "stripe:acct_2": 2} {
+		for i := range n {
+			if _, err := lim.Park(ctx, key, fmt.Sprintf("q\x00%s-%d", key, i), time.Minute); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	limit := ratelimit.Limit{Rate: 10, Per: time.Second, Burst: 10}
+	rateKeys := []RateKeyInfo{
+		{Key: "slack", Limit: limit}, {Key: "github", Limit: limit},
+		{Key: "stripe:{account_id}", Template: "stripe:{account_id}", Limit: limit},
+		{Key: "stripe:acct_1", Template: "stripe:{account_id}", Limit: limit},
+		{Key: "stripe:acct_2", Template: "stripe:{account_id}", Limit: limit},
+	}
+	c, err := NewRoomCollector(sem, func(context.Context) ([]KeyInfo, error) { return nil, nil }, RoomCollectorOptions{CacheFor: -1,
+		Limiter: lim, RateKeys: func(context.Context) ([]RateKeyInfo, error) { return rateKeys, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	mfs := families(t, reg)
+	for key, want := range map[string]float64{"slack": 2, "github": 0, "stripe:{account_id}": 3} {
+		if got := mustSample(t, mfs, "fleetcap_ratelimit_tasks_waiting", "key", key); got != want {
+			t.Errorf("fleetcap_ratelimit_tasks_waiting{key=%q} = %v, want %v", key, got, want)
+		}
+	}
+	if _, ok := sample(mfs, "fleetcap_ratelimit_tasks_waiting", "key", "stripe:acct_1"); ok {
+		t.Error("a series of the rendered key stripe:acct_1: a label per tenant")
+	}
+	if got := mustSample(t, mfs, "fleetcap_semaphore_rooms_up"); got != 1 {
+		t.Errorf("fleetcap_semaphore_rooms_up = %v, want 1", got)
+	}
+}
+
+// newTestSemaphore is a semaphore Service on rdb, closed with the test.
+func newTestSemaphore(t *testing.T, rdb redis.UniversalClient) *semaphore.Service {
+	t.Helper()
+	sem, err := semaphore.New(rdb, semaphore.Options{Prefix: "test:sem:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sem.Close() })
+	return sem
 }

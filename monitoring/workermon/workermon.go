@@ -91,7 +91,8 @@ func NewServer(w *worker.Worker, opts Options) (*monitoring.Server, error) {
 		Logger:           opts.Logger,
 	}
 	if opts.Registry != nil {
-		rooms, err := monitoring.NewRoomCollector(w.Semaphore(), capKeys, monitoring.RoomCollectorOptions{Logger: opts.Logger})
+		rooms, err := monitoring.NewRoomCollector(w.Semaphore(), capKeys, monitoring.RoomCollectorOptions{Logger: opts.Logger,
+			Limiter: w.Limiter(), RateKeys: srvOpts.RateKeys})
 		if err != nil {
 			return nil, err
 		}
