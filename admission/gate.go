@@ -29,11 +29,12 @@ import (
 // worker parked. So a limited task is not dequeued while its cap is full,
 // nor, mostly, before its tokens are due.
 //
-// A rate limit of a plain key is busy while this Gate parked tasks in its
-// room within the last second (they came first), and for a task beyond
-// the limit's own pace counted over the tasks this Gate sent to their
-// queue (a bucket of the limit's rate and burst in memory: no call to
-// Redis); a task parked in an empty room ends that second at once. The
+// A rate limit of a plain key is busy until the tasks this Gate parked in
+// its room are due (by the count in the room at its last park, one
+// interval of the limit's cost each), so that no task overtakes them, and
+// for a task beyond the limit's own pace counted over the tasks this Gate
+// sent to their queue (a bucket of the limit's rate and burst in memory):
+// no call to Redis either way. The
 // Gate brings the tasks of the rooms it parked in back while it is open,
 // one process per room at a time (ratelimit.DutyLease); the workers look
 // into the rooms of plain keys every SweepInterval, so that tasks a
@@ -184,9 +185,8 @@ func (r Route) Park(ctx context.Context) error {
 		return r.g.sem.Park(ctx, l.Key, l.Capacity, r.token, capRoom(l, r.g.cfg.Worker.ParkedRetry), l.tokenOptions(r.fresh)...)
 	}
 	n, err := r.g.adm.parkToken(ctx, *l, r.token)
-	if err == nil && n == 1 {
-		// It parked in an empty room: nobody came before the next task.
-		r.g.pace.parked.Forget(l.Key)
+	if err == nil {
+		r.g.pace.parked(*l, n)
 	}
 	return err
 }

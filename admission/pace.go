@@ -5,57 +5,62 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
-
-	"github.com/fleetcap/fleetcap/internal/lately"
 )
 
 // ratePace is how a Gate tells whether a rate limit of a plain key is busy
-// (see Gate): the keys it parked tasks for lately, and a bucket a key that
-// counts the tasks it sent to their queue against the limit's pace.
+// (see Gate), a key at a time: until when the tasks it parked in the key's
+// room are due, and a bucket that counts the tasks it sent to their queue
+// against the limit's pace.
 type ratePace struct {
-	parked *lately.Marks
-
-	mu      sync.Mutex
-	buckets map[string]*rate.Limiter // by plain key: a config's few
+	mu    sync.Mutex
+	keys  map[string]*keyPace // by plain key: a config's few
+	clock func() time.Time
 }
 
-// A Gate parks the tasks of a rate limit for ratePaceFor after it parked
-// one, so that none overtakes those waiting.
-const ratePaceFor = time.Second
+// keyPace is the pace of one key.
+type keyPace struct {
+	bucket *rate.Limiter
+	until  time.Time // the room holds tasks this Gate parked until about then
+}
 
 func newRatePace() *ratePace {
-	return &ratePace{parked: &lately.Marks{For: ratePaceFor, Max: 1024}, buckets: map[string]*rate.Limiter{}}
+	return &ratePace{keys: map[string]*keyPace{}, clock: time.Now}
 }
 
 // busy reports whether a new task of rate limit l waits in its room: the
-// Gate parked tasks there lately, or sending it to its queue would go past
-// l's pace; a task that is sent counts against it.
+// tasks this Gate parked there are not all due yet, so that it would
+// overtake them, or sending it to its queue would go past l's pace; a
+// task that is sent counts against it.
 func (p *ratePace) busy(l Limit) bool {
-	if p.parked.Recent(l.Key) {
-		return true
-	}
-	if p.bucket(l).AllowN(time.Now(), l.Spec.Rate.Cost) {
-		return false
-	}
-	p.parked.Mark(l.Key)
-	return true
-}
-
-// bucket is the bucket of l's key, at the rate and burst in force.
-func (p *ratePace) bucket(l Limit) *rate.Limiter {
-	every := rate.Limit(float64(l.Rate.Rate) / l.Rate.Per.Seconds())
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	b, ok := p.buckets[l.Key]
+	k, now := p.key(l), p.clock()
+	return now.Before(k.until) || !k.bucket.AllowN(now, l.Spec.Rate.Cost)
+}
+
+// parked notes that a task of l parked in its room, where waiting tasks
+// wait now (it included): they are due one interval of the limit's cost
+// after another.
+func (p *ratePace) parked(l Limit, waiting int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	k := p.key(l)
+	k.until = p.clock().Add(time.Duration(waiting*l.Spec.Rate.Cost) * l.Rate.Interval())
+}
+
+// key is the pace of l's key, its bucket at the rate and burst in force.
+func (p *ratePace) key(l Limit) *keyPace {
+	every := rate.Every(l.Rate.Interval())
+	k, ok := p.keys[l.Key]
 	if !ok {
-		b = rate.NewLimiter(every, l.Rate.Burst)
-		p.buckets[l.Key] = b
+		k = &keyPace{bucket: rate.NewLimiter(every, l.Rate.Burst)}
+		p.keys[l.Key] = k
 	}
-	if b.Limit() != every {
-		b.SetLimit(every)
+	if k.bucket.Limit() != every {
+		k.bucket.SetLimit(every)
 	}
-	if b.Burst() != l.Rate.Burst {
-		b.SetBurst(l.Rate.Burst)
+	if k.bucket.Burst() != l.Rate.Burst {
+		k.bucket.SetBurst(l.Rate.Burst)
 	}
-	return b
+	return k
 }

@@ -48,7 +48,7 @@ func (l Limit) Validate() error {
 		return fmt.Errorf("ratelimit: per must be a duration > 0, got %s", l.Per)
 	case l.Burst < 1:
 		return fmt.Errorf("ratelimit: burst must be >= 1, got %d", l.Burst)
-	case l.interval() < MinInterval:
+	case l.Interval() < MinInterval:
 		return fmt.Errorf("ratelimit: rate %d per %s is more than one token every %s", l.Rate, l.Per, MinInterval)
 	}
 	return nil
@@ -63,8 +63,8 @@ func (l Limit) String() string {
 	return fmt.Sprintf("%d per %s (burst %d)", l.Rate, l.Per, l.Burst)
 }
 
-// interval is the time one token takes to come back.
-func (l Limit) interval() time.Duration {
+// Interval is the time one token takes to come back.
+func (l Limit) Interval() time.Duration {
 	return time.Duration(float64(l.Per) / float64(l.Rate))
 }
 
@@ -187,7 +187,7 @@ func (l *Limiter) Peek(ctx context.Context, key string, limit Limit, cost int) (
 	}
 	ahead := max(0, r.ResetAfter)
 	remaining := limit.remaining(ahead)
-	wait := ahead + time.Duration(float64(cost-limit.Burst)*float64(limit.interval()))
+	wait := ahead + time.Duration(float64(cost-limit.Burst)*float64(limit.Interval()))
 	if wait <= 0 {
 		return Result{Allowed: true, Remaining: remaining}, nil
 	}
@@ -242,7 +242,7 @@ func (l *Limiter) redisKey(key string) string {
 // hair short (3.9999994 tokens for 4), so it is computed here from ahead,
 // forgiving a thousandth of a token.
 func (l Limit) remaining(ahead time.Duration) int {
-	n := math.Floor(float64(l.Burst) - float64(max(0, ahead))/float64(l.interval()) + 1e-3)
+	n := math.Floor(float64(l.Burst) - float64(max(0, ahead))/float64(l.Interval()) + 1e-3)
 	return int(max(0, min(float64(l.Burst), n)))
 }
 

@@ -60,7 +60,7 @@ func (l *Limiter) Void(ctx context.Context, key string, limit Limit, cost int) e
 // handOutGap is the µs between two hand-outs of a room: the interval the
 // limit earns cost tokens in.
 func (l *Limiter) handOutGap(limit Limit, cost int) int64 {
-	return time.Duration(float64(cost) * float64(limit.interval())).Microseconds()
+	return time.Duration(float64(cost) * float64(limit.Interval())).Microseconds()
 }
 
 // Waiting returns how many tokens wait in key's room.
