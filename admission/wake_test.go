@@ -3,8 +3,6 @@ package admission
 import (
 	"context"
 	"errors"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -37,7 +35,7 @@ func TestParkInAnEmptyRoomNudgesTheLoop(t *testing.T) {
 		return l
 	}
 	lim, other := newLimiter(), newLimiter()
-	a, err := New(Options{Redis: rdb, Table: tableFor(t, "tasks: {job: {rate_limits: [{key: api, rate: 1000, per: 1s, burst: 10}]}}\n"),
+	a, err := New(Options{Redis: rdb, Table: tableFor(t, "tasks: {job: {rate_limits: [{key: api, rate: 5, per: 1s, burst: 1}]}}\n"),
 		Semaphore: sem, Limiter: lim, ParkedRetry: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -48,7 +46,7 @@ func TestParkInAnEmptyRoomNudgesTheLoop(t *testing.T) {
 	l := Limit{Spec: a.Table.Plain(KindRate)["api"], Key: "api"}.Resized(nil)
 
 	// The other process holds the duty of a room with one token in it,
-	// which is not due: the burst is spent.
+	// which is not due for 200 ms: the burst is spent.
 	due := l.Rate
 	if _, err := other.Park(ctx, "api", "first", time.Minute); err != nil {
 		t.Fatal(err)
@@ -61,24 +59,25 @@ func TestParkInAnEmptyRoomNudgesTheLoop(t *testing.T) {
 	}
 	// This process's loop asks once, hears that the duty is held, and
 	// waits the lease out (its ask is the one script call counted here).
-	calls := func() int64 {
-		info, err := rdb.Info(ctx, "commandstats").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, rest, _ := strings.Cut(info, "cmdstat_evalsha:calls=")
-		n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
-		return n
-	}
-	before := calls()
+	before := redistest.CommandCalls(t, rdb)["evalsha"]
 	a.rateWakes.watch(a, l, false)
-	waitfor.Condition(t, 5*time.Second, "the loop asks for the room", func() bool { return calls() > before })
+	waitfor.Condition(t, 5*time.Second, "the loop asks for the room", func() bool {
+		return redistest.CommandCalls(t, rdb)["evalsha"] > before
+	})
 
-	// The other process hands the token out once it is due, finds the
-	// room empty and gives the duty up.
-	time.Sleep(2 * time.Millisecond) // a token comes back every millisecond
-	if token, _, err := other.NextDue(ctx, "api", due, 1); err != nil || token != "first" {
-		t.Fatalf("the other process's hand-out = %q, %v, want first", token, err)
+	// The other process hands the token out once it is due (200 ms after
+	// the burst was spent), finds the room empty and gives the duty up.
+	var handedOut string
+	waitfor.Condition(t, 5*time.Second, "the other process hands the token out", func() bool {
+		token, _, err := other.NextDue(ctx, "api", due, 1)
+		if err != nil {
+			t.Fatalf("the other process's hand-out: %v", err)
+		}
+		handedOut = token
+		return token != ""
+	})
+	if handedOut != "first" {
+		t.Fatalf("the other process handed out %q, want first", handedOut)
 	}
 	if _, _, err := other.NextDue(ctx, "api", due, 1); !errors.Is(err, ratelimit.ErrRoomEmpty) {
 		t.Fatalf("the other process's next ask: %v, want ErrRoomEmpty", err)

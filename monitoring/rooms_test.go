@@ -164,20 +164,7 @@ func TestWaitingRoomsOnMetricsAndAPI(t *testing.T) {
 // evalshaCalls is how many EVALSHA commands the server has run.
 func evalshaCalls(t *testing.T, rdb *redis.Client) int {
 	t.Helper()
-	info, err := rdb.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(info, "\n") {
-		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_evalsha:calls="); ok {
-			n, err := strconv.Atoi(strings.SplitN(rest, ",", 2)[0])
-			if err != nil {
-				t.Fatal(err)
-			}
-			return n
-		}
-	}
-	return 0
+	return redistest.CommandCalls(t, rdb)["evalsha"]
 }
 
 // TestRoomCollectorReadsOncePerInterval: however often Prometheus scrapes,

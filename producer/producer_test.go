@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -699,18 +698,9 @@ tasks:
 	if _, err := p.Enqueue(ctx, "job", []byte(`{}`)); err != nil { // takes the free seat's place
 		t.Fatal(err)
 	}
-	evalshas := func() int64 {
+	evalshas := func() int {
 		t.Helper()
-		stats, err := srv.Client().InfoMap(ctx, "commandstats").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		calls, _, _ := strings.Cut(strings.TrimPrefix(stats["Commandstats"]["cmdstat_evalsha"], "calls="), ",")
-		n, err := strconv.ParseInt(calls, 10, 64)
-		if err != nil {
-			t.Fatalf("cmdstat_evalsha %q: %v", stats["Commandstats"]["cmdstat_evalsha"], err)
-		}
-		return n
+		return redistest.CommandCalls(t, srv.Client())["evalsha"]
 	}
 	const backlog = 10
 	before := evalshas()
@@ -723,7 +713,7 @@ tasks:
 	// calls of slack: the producer's layout lease renews with one every
 	// 10 s, and a script the server did not know is counted once more.
 	// (Asking for a place a task, it is 30.)
-	if calls, most := evalshas()-before, int64(1+2*backlog+2); calls > most {
+	if calls, most := evalshas()-before, 1+2*backlog+2; calls > most {
 		t.Errorf("%d script calls to enqueue %d tasks behind a full cap, want at most %d: the cap asked once", calls, backlog, most)
 	}
 	st, err := sem.RoomStats(ctx, "once")

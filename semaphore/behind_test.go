@@ -41,7 +41,7 @@ func TestCrowdOfWaitersCostsAFewCalls(t *testing.T) {
 		}
 	}
 	total := 0
-	for name, n := range commandCalls(t, admin) {
+	for name, n := range redistest.CommandCalls(t, admin) {
 		if name != "config|resetstat" {
 			total += n
 		}

@@ -3,8 +3,6 @@ package semaphore_test
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -189,23 +187,4 @@ func cycles(t *testing.T, services []*semaphore.Service, perService, rounds, cap
 	}
 	wg.Wait()
 	return c
-}
-
-// commandCalls reads INFO commandstats: calls by command.
-func commandCalls(t *testing.T, rdb *redis.Client) map[string]int {
-	t.Helper()
-	info, err := rdb.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	calls := map[string]int{}
-	for _, line := range strings.Split(info, "\n") {
-		name, rest, ok := strings.Cut(strings.TrimPrefix(strings.TrimSpace(line), "cmdstat_"), ":calls=")
-		if !ok {
-			continue
-		}
-		n, _ := strconv.Atoi(strings.SplitN(rest, ",", 2)[0])
-		calls[name] = n
-	}
-	return calls
 }

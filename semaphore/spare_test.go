@@ -3,7 +3,6 @@ package semaphore_test
 import (
 	"context"
 	"errors"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,16 +24,8 @@ func withSpares(n int) func(*semaphore.Options) {
 // scriptCalls is how many scripts the server has run.
 func scriptCalls(t *testing.T, rdb redis.UniversalClient) int {
 	t.Helper()
-	info, err := rdb.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, m := range regexp.MustCompile(`cmdstat_(?:evalsha|eval):calls=(\d+)`).FindAllStringSubmatch(info, -1) {
-		c, _ := strconv.Atoi(m[1])
-		n += c
-	}
-	return n
+	calls := redistest.CommandCalls(t, rdb)
+	return calls["evalsha"] + calls["eval"]
 }
 
 // enterSeat is an Enter that must get a seat at once.

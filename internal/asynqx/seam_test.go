@@ -696,22 +696,7 @@ func TestUntakenRingsBackOff(t *testing.T) {
 // reset, from INFO commandstats.
 func commandCalls(t *testing.T, rdb *redis.Client, cmd string) int {
 	t.Helper()
-	info, err := rdb.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for line := range strings.Lines(info) {
-		rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls=")
-		if !ok {
-			continue
-		}
-		var n int
-		if _, err := fmt.Sscanf(rest, "%d", &n); err != nil {
-			t.Fatalf("commandstats line %q: %v", line, err)
-		}
-		return n
-	}
-	return 0
+	return redistest.CommandCalls(t, rdb)[cmd]
 }
 
 // bareDequeuer returns a dequeue of queue "q" through a ServerClient (of

@@ -339,3 +339,27 @@ func StartWithUser(tb testing.TB, username, password string, opts ...Option) *Se
 	tb.Cleanup(s.Stop)
 	return s
 }
+
+// CommandCalls reads INFO commandstats of rdb's server: how many times it
+// ran each command (lower case, "evalsha", "zadd", ...) since its stats
+// were reset. Call it from the test's goroutine: it fails tb on an error.
+func CommandCalls(tb testing.TB, rdb redis.UniversalClient) map[string]int {
+	tb.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		tb.Fatalf("redistest: INFO commandstats: %v", err)
+	}
+	calls := map[string]int{}
+	for line := range strings.Lines(info) {
+		name, rest, ok := strings.Cut(strings.TrimPrefix(strings.TrimSpace(line), "cmdstat_"), ":calls=")
+		if !ok {
+			continue
+		}
+		n, err := strconv.Atoi(strings.SplitN(rest, ",", 2)[0])
+		if err != nil {
+			tb.Fatalf("redistest: commandstats line %q: %v", line, err)
+		}
+		calls[name] = n
+	}
+	return calls
+}
