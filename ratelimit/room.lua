@@ -25,9 +25,9 @@
 --         waits (deleted, or run meanwhile): the next hand-out comes
 --         ARGV[2] µs (the interval) sooner, as if it had not been made.
 --         Reply: 1.
---         'duty': ARGV[2] the asking process, ARGV[3] ms its duty lasts,
---         ARGV[4] '1' when it runs tasks (a worker; it says so for 3
---         leases in KEYS[4]): take (or keep) the duty of handing tokens
+--         'duty': ARGV[2] the asking process, ARGV[3] ms its duty lasts
+--         (a worker, by its name below, says so for 3 leases in KEYS[4]):
+--         take (or keep) the duty of handing tokens
 --         out, unless another process holds it (a worker takes it over
 --         from a producer); the holder gives it up once the room is empty.
 --         Reply: {1 on duty | 0 not, 1 when the room is empty | 0}
