@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"time"
 
@@ -36,7 +37,7 @@ func (r *roomTotals) add(st semaphore.RoomStats) {
 // splitKeys parts infos (KeyInfo or RateKeyInfo) into the keys that hold
 // seats or tokens, and rooms (plain and rendered keys, each once, in
 // order), and the declared templates (in order).
-func splitKeys[K interface{ names() (key, template string) }](infos []K) (keys, templates []K) {
+func splitKeys[K listedKey](infos []K) (keys, templates []K) {
 	seen := map[string]bool{}
 	for _, k := range infos {
 		key, template := k.names()
@@ -51,17 +52,11 @@ func splitKeys[K interface{ names() (key, template string) }](infos []K) (keys, 
 	return keys, templates
 }
 
+// listedKey is a key a worker lists: KeyInfo or RateKeyInfo.
+type listedKey interface{ names() (key, template string) }
+
 func (k KeyInfo) names() (key, template string)     { return k.Key, k.Template }
 func (k RateKeyInfo) names() (key, template string) { return k.Key, k.Template }
-
-// rowKey is the row, and the metrics' key label, that k counts in: its
-// template for a rendered key, else the key itself.
-func (k KeyInfo) rowKey() string {
-	if k.Template != "" {
-		return k.Template
-	}
-	return k.Key
-}
 
 // RoomCollectorOptions tunes NewRoomCollector.
 type RoomCollectorOptions struct {
@@ -215,43 +210,13 @@ func (c *RoomCollector) readRateRooms(ctx context.Context) ([]rateRoomRow, error
 	if err != nil {
 		return nil, err
 	}
-	totals, failed := map[string]int{}, map[string]bool{}
-	keys, templates := splitKeys(infos)
-	for _, k := range templates {
-		totals[k.Key] = 0 // a template reads 0 until a key of it is listed
+	sums, err := roomSums(infos, "rate rooms", func(k RateKeyInfo) (int, error) { return c.limiter.Waiting(ctx, k.Key) },
+		func(sum *int, _ RateKeyInfo, n int) { *sum += n })
+	rows := make([]rateRoomRow, 0, len(sums))
+	for _, key := range slices.Sorted(maps.Keys(sums)) {
+		rows = append(rows, rateRoomRow{key: key, waiting: *sums[key]})
 	}
-	got, _ := inParallel(len(keys), func(i int) (rateReading, error) {
-		n, err := c.limiter.Waiting(ctx, keys[i].Key)
-		return rateReading{n, err}, nil
-	})
-	var errs []error
-	for i, k := range keys {
-		row := cmp.Or(k.Template, k.Key)
-		if got[i].err != nil {
-			failed[row] = true
-			errs = append(errs, got[i].err)
-			continue
-		}
-		totals[row] += got[i].n
-	}
-	rows := make([]rateRoomRow, 0, len(totals))
-	for key, n := range totals {
-		if !failed[key] {
-			rows = append(rows, rateRoomRow{key: key, waiting: n})
-		}
-	}
-	slices.SortFunc(rows, func(a, b rateRoomRow) int { return cmp.Compare(a.key, b.key) })
-	if len(errs) > 0 {
-		return rows, fmt.Errorf("monitoring: %d of %d rate rooms unread, the first: %w", len(errs), len(keys), errs[0])
-	}
-	return rows, nil
-}
-
-// rateReading is the tasks waiting in one rate room, or why they are not
-// known.
-type rateReading struct {
-	n   int
-	err error
+	return rows, err
 }
 
 // readRooms reads the room of every listed key, a few at a time, and sums
@@ -262,45 +227,60 @@ func (c *RoomCollector) readRooms(ctx context.Context) ([]roomRow, error) {
 	if err != nil {
 		return nil, err
 	}
-	seatKeys, templates := splitKeys(infos)
+	sums, err := roomSums(infos, "waiting rooms", func(k KeyInfo) (semaphore.RoomStats, error) { return c.sem.RoomStats(ctx, k.Key) },
+		func(sum *roomTotals, k KeyInfo, st semaphore.RoomStats) {
+			sum.add(st)
+			if k.Template == "" {
+				sum.values = st.TopValues
+			}
+		})
+	rows := make([]roomRow, 0, len(sums))
+	for _, key := range slices.Sorted(maps.Keys(sums)) {
+		rows = append(rows, roomRow{key: key, roomTotals: *sums[key]})
+	}
+	return rows, err
+}
+
+// roomSums reads the room of every listed key (KeyInfo or RateKeyInfo)
+// with read, a few at a time, and adds each reading into its row's sum:
+// a rendered key's template's (each declared template has one, zero until
+// a key of it is read), or the key's own. A key that fails leaves its row
+// out, and is reported in the error (what names the rooms).
+func roomSums[K listedKey, T, S any](infos []K, what string, read func(K) (T, error), add func(sum *S, k K, got T)) (map[string]*S, error) {
+	keys, templates := splitKeys(infos)
+	sums := map[string]*S{}
+	for _, t := range templates {
+		key, _ := t.names()
+		sums[key] = new(S)
+	}
 	type reading struct {
-		st  semaphore.RoomStats
+		got T
 		err error
 	}
-	got, _ := inParallel(len(seatKeys), func(i int) (reading, error) {
-		st, err := c.sem.RoomStats(ctx, seatKeys[i].Key)
-		return reading{st, err}, nil
+	got, _ := inParallel(len(keys), func(i int) (reading, error) {
+		v, err := read(keys[i])
+		return reading{v, err}, nil
 	})
-	totals := map[string]*roomTotals{}
-	for _, t := range templates {
-		totals[t.Key] = &roomTotals{}
-	}
 	failed := map[string]bool{}
 	var errs []error
-	for i, k := range seatKeys {
-		row := k.rowKey()
+	for i, k := range keys {
+		key, template := k.names()
+		row := cmp.Or(template, key)
 		if got[i].err != nil {
 			failed[row] = true
 			errs = append(errs, got[i].err)
 			continue
 		}
-		if totals[row] == nil {
-			totals[row] = &roomTotals{}
+		if sums[row] == nil {
+			sums[row] = new(S)
 		}
-		totals[row].add(got[i].st)
-		if k.Template == "" {
-			totals[row].values = got[i].st.TopValues
-		}
+		add(sums[row], k, got[i].got)
 	}
-	rows := make([]roomRow, 0, len(totals))
-	for key, t := range totals {
-		if !failed[key] {
-			rows = append(rows, roomRow{key: key, roomTotals: *t})
-		}
+	for row := range failed {
+		delete(sums, row)
 	}
-	slices.SortFunc(rows, func(a, b roomRow) int { return cmp.Compare(a.key, b.key) })
 	if len(errs) > 0 {
-		return rows, fmt.Errorf("monitoring: %d of %d waiting rooms unread, the first: %w", len(errs), len(seatKeys), errs[0])
+		return sums, fmt.Errorf("monitoring: %d of %d %s unread, the first: %w", len(errs), len(keys), what, errs[0])
 	}
-	return rows, nil
+	return sums, nil
 }
