@@ -295,7 +295,7 @@ func (p *Producer) enqueue(ctx context.Context, pl *plan, payload []byte, header
 		if err := route.Park(ctx); err != nil {
 			// It is enqueued all the same: it comes back by itself after
 			// worker.parked_retry.
-			slog.Warn("producer: park a task that waits for a seat (it comes back by itself)", "id", id, "err", err)
+			slog.Warn("producer: park a task that waits in a limit's room (it comes back by itself, after worker.parked_retry)", "id", id, "err", err)
 		}
 	}
 	return info, nil
