@@ -160,11 +160,13 @@ elseif mode == 'join' then
   outcome = 'waiting'
 elseif mode == 'enter' or mode == 'reserve' then
   local budget = tonumber(a.budget)
-  local placed = inPlace
+  local placed, standing = inPlace, nil
   if not placed and capacity > 0 then
     local first = redis.call('ZRANGE', KEYS[5], 0, 0)
-    local nobodyFirst = #first == 0 or first[1] == token
-    placed = nobodyFirst and redis.call('ZCARD', KEYS[6]) < math.max(budget, free)
+    if #first == 0 or first[1] == token then
+      standing = redis.call('ZCARD', KEYS[6])
+      placed = standing < math.max(budget, free)
+    end
   end
   noteRoom(a, now)
   if placed then
@@ -179,8 +181,9 @@ elseif mode == 'enter' or mode == 'reserve' then
     redis.call('ZADD', KEYS[6], now + lease, token)
     if not inPlace then redis.call('HSET', KEYS[7], token, arrival) end
     keep()
-    redis.call('PEXPIRE', KEYS[6], a.keyttl)
-    redis.call('PEXPIRE', KEYS[7], a.keyttl)
+    -- The places' keys live on as noteRoom renews them; new ones get
+    -- their TTL here.
+    if standing == 0 then keepPlaces(a.keyttl) end
     if mode == 'enter' then
       -- It waits in its slot for the next seat.
       redis.call('ZADD', KEYS[2], arrival, token)

@@ -164,17 +164,33 @@ local function dropRoom()
   roomRead = nil
 end
 
+-- unplace takes a token's standby place, if it holds one, and its arrival
+-- kept with it; it reports whether it held one.
+local function unplace(token)
+  if redis.call('ZREM', KEYS[6], token) == 0 then return false end
+  redis.call('HDEL', KEYS[7], token)
+  return true
+end
+
+-- forgetRest takes what is left of a token out of the room for good once
+-- its place is gone (placed: it held one, see unplace): its arrival kept
+-- aside (a token in a place is never aside: each way into places leaves
+-- aside) and a fair key's note of its real arrival. An empty room keeps no
+-- key; it reports whether anybody still waits.
+local function forgetRest(token, placed)
+  if not placed then redis.call('ZREM', KEYS[9], token) end
+  redis.call('HDEL', KEYS[12], token)
+  if occupied() then return true end
+  dropRoom()
+  return false
+end
+
 -- forgetPlaced takes a token that neither waits in a process nor is
 -- parked out of the room for good: its place, its arrival kept aside, a
 -- fair key's note of its real arrival. An empty room keeps no key; it
 -- reports whether anybody still waits.
 local function forgetPlaced(token)
-  if redis.call('ZREM', KEYS[6], token) > 0 then redis.call('HDEL', KEYS[7], token) end
-  redis.call('ZREM', KEYS[9], token)
-  redis.call('HDEL', KEYS[12], token)
-  if occupied() then return true end
-  dropRoom()
-  return false
+  return forgetRest(token, unplace(token))
 end
 
 -- forget takes a token out of the room for good: its task took a seat, or
@@ -355,28 +371,44 @@ local function grant(now, t, free, mine, prefix, key, before)
   return own, free, blocked
 end
 
+-- keepPlaces gives the keys of the standby places (places, since) the
+-- room's TTL: when admit or an enter makes them, and whenever noteRoom
+-- renews the room (four times a keyttl while tasks come and go), rather
+-- than on every change of them.
+local function keepPlaces(keyttl)
+  redis.call('PEXPIRE', KEYS[6], keyttl)
+  redis.call('PEXPIRE', KEYS[7], keyttl)
+end
+
 -- reclaim puts the tokens whose standby place lapsed (their task never
 -- showed up: it was deleted, its worker died, or it is still on its way)
 -- back among the parked, keeping their place; admit lets them out again
--- first.
+-- first. It returns how many it put back.
 local function reclaim(now)
-  for _, token in ipairs(redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now, 'LIMIT', 0, 100)) do
+  local lapsed = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now, 'LIMIT', 0, 100)
+  for _, token in ipairs(lapsed) do
     local arrival = redis.call('HGET', KEYS[7], token)
     park(token, arrival or now * 1000)
   end
+  return #lapsed
 end
 
 -- admit gives standby places to the parked tokens that arrived first,
 -- while fewer than the budget (the standby budget, or the free seats when
--- more) hold one, and returns them.
+-- more) hold one, and returns them. The places' keys get their TTL when
+-- admit makes them; noteRoom renews it.
 local function admit(now, free)
-  if redis.call('EXISTS', KEYS[5], KEYS[6]) == 0 then return {} end
-  reclaim(now)
+  local standing = redis.call('ZCARD', KEYS[6])
+  if standing > 0 then
+    standing = standing - reclaim(now)
+  elseif redis.call('EXISTS', KEYS[5]) == 0 then
+    return {}
+  end
+  local made = standing == 0
   local room = roomSettings()
   local budget = math.max(tonumber(room[2] or '0'), free)
   local transit = tonumber(room[3] or '1000')
   local out = {}
-  local standing = redis.call('ZCARD', KEYS[6])
   while standing < budget do
     local first = redis.call('ZPOPMIN', KEYS[5])
     if #first == 0 then break end
@@ -385,10 +417,7 @@ local function admit(now, free)
     standing = standing + 1
     out[#out + 1] = first[1]
   end
-  if #out > 0 and room[4] then
-    redis.call('PEXPIRE', KEYS[6], room[4])
-    redis.call('PEXPIRE', KEYS[7], room[4])
-  end
+  if made and #out > 0 then keepPlaces(room[4]) end
   return out
 end
 
@@ -419,10 +448,11 @@ local function noteRoom(a, now)
   local keyttl = tonumber(a.keyttl)
   local sig = a.capacity .. ':' .. a.budget .. ':' .. a.transit .. ':' .. a.keyttl .. ':'
     .. math.floor(now / math.max(math.floor(keyttl / 4), 1))
+  roomRead = {a.capacity, a.budget, a.transit, a.keyttl}
   if redis.call('HGET', KEYS[8], 'sig') == sig then return end
   redis.call('HSET', KEYS[8], 'capacity', a.capacity, 'budget', a.budget, 'transit', a.transit, 'keyttl', a.keyttl, 'sig', sig)
-  roomRead = nil
   redis.call('PEXPIRE', KEYS[8], keyttl)
+  keepPlaces(keyttl)
 end
 
 -- lineHead is the first tokens waiting in a process (at most 8), in line,

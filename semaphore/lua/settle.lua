@@ -9,10 +9,14 @@
 
 local a = args()
 local now, t = clock()
-if not redis.call('ZSCORE', KEYS[2], a.token) and not redis.call('ZSCORE', KEYS[5], a.token) then
+if not redis.call('ZSCORE', KEYS[2], a.token) then
   -- It took its seat, which took it out of the waiting and its slots
-  -- entry: what is left of it is its place.
-  if not forgetPlaced(a.token) then return {'now', now, 'granted', {}, 'woken', {}} end
+  -- entry: what is left of it is its place (unless the place lapsed and
+  -- put it back among the parked, where it keeps its arrival).
+  local placed = unplace(a.token)
+  if (placed or not redis.call('ZSCORE', KEYS[5], a.token)) and not forgetRest(a.token, placed) then
+    return {'now', now, 'granted', {}, 'woken', {}}
+  end
 end
 local own, woken = settle(now, t, roomCapacity(-1), a, true)
 return {'now', now, 'granted', own, 'woken', woken}
