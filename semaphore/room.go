@@ -71,6 +71,7 @@ type Entry struct {
 	w          *waiter
 	key, token string
 	holdsPlace bool // the token holds a standby place until Settle or StepAside
+	fair       bool // it entered with a share value (WithShare)
 }
 
 // Settle gives up the token's standby place, if it holds one, once its
@@ -82,7 +83,11 @@ func (e *Entry) Settle(ctx context.Context) error {
 		return nil
 	}
 	e.holdsPlace = false
-	return e.s.tokenCall(ctx, settleScript, "settle on", e.key, e.token)
+	var fair []any
+	if e.fair {
+		fair = []any{"fair", "1"} // its note of a real arrival goes too
+	}
+	return e.s.tokenCall(ctx, settleScript, "settle on", e.key, e.token, fair...)
 }
 
 // HoldsPlace reports whether the Entry's token still holds a standby place
@@ -117,7 +122,7 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 		return nil, err
 	}
 	cfg.roomTTL = room.TTL
-	e := &Entry{s: s, key: key, token: token}
+	e := &Entry{s: s, key: key, token: token, fair: cfg.share != ""}
 	_, err = s.observed(ctx, key, permits, func(ctx context.Context) (*Permit, int, error) {
 		if s.isClosed() {
 			return nil, 0, &AcquisitionError{Key: key, Reason: ReasonShutdown, Err: ErrClosed}
@@ -285,14 +290,14 @@ func (s *Service) StepAside(ctx context.Context, key, token string) error {
 
 // tokenCall runs a script about one token of key's room (dismiss.lua,
 // aside.lua) and hands on what it passed on.
-func (s *Service) tokenCall(ctx context.Context, script *redis.Script, what, key, token string) error {
+func (s *Service) tokenCall(ctx context.Context, script *redis.Script, what, key, token string, extra ...any) error {
 	if err := checkKey(key); err != nil {
 		return err
 	}
 	if err := checkToken(token); err != nil {
 		return err
 	}
-	rep, err := s.runBatched(script, s.keysFor(key), s.settleArgs(key, "token", token)...)
+	rep, err := s.runBatched(script, s.keysFor(key), s.settleArgs(key, append([]any{"token", token}, extra...)...)...)
 	if err != nil {
 		return fmt.Errorf("semaphore: %s %q: %w", what, key, err)
 	}

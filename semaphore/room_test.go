@@ -367,3 +367,55 @@ func TestHandOverLetsTokensOut(t *testing.T) {
 		t.Fatalf("let out %q, want b", token)
 	}
 }
+
+// TestSettleForgetsAFairTokensRealArrival: a task of a fair key that stood
+// by and took its seat leaves no note of its real arrival once it settles,
+// while a token still parked keeps its own.
+func TestSettleForgetsAFairTokensRealArrival(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newService(t, srv.Client())
+	ctx := context.Background()
+	key := uniqueKey(t)
+	room := roomOf(1)
+	realsKey := storeKey(key, "reals")
+	fairEnter := func(token, value string) *semaphore.Entry {
+		t.Helper()
+		e, err := s.Enter(ctx, key, 1, token, room, semaphore.WithHolder(token), semaphore.WithShare(value, 1))
+		if err != nil {
+			t.Fatalf("Enter %s: %v", token, err)
+		}
+		return e
+	}
+	first := fairEnter("t0", "a")
+	standing := fairEnter("t1", "b")
+	parked := fairEnter("t2", "c")
+	if first.Permit == nil || !standing.Standby || parked.Permit != nil || parked.Standby {
+		t.Fatalf("t0 %v, t1 standby %v, t2 %v/%v: want a seat, a standby place and the room", first.Permit, standing.Standby, parked.Permit, parked.Standby)
+	}
+	if notes := srv.Client().HKeys(ctx, realsKey).Val(); !slices.Equal(notes, []string{"t1", "t2"}) {
+		t.Fatalf("real arrivals noted for %q, want t1 and t2", notes)
+	}
+	got := make(chan *semaphore.Permit, 1)
+	go func() {
+		p, err := standing.Wait(ctx, semaphore.WithWaitTimeout(5*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- p
+	}()
+	waitfor.Condition(t, 5*time.Second, "t1 waits in line", func() bool { return s.LocalWaiters(key) == 1 })
+	if err := first.Permit.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p := <-got
+	if p == nil {
+		t.FailNow()
+	}
+	if err := standing.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if notes := srv.Client().HKeys(ctx, realsKey).Val(); !slices.Equal(notes, []string{"t2"}) {
+		t.Fatalf("real arrivals noted for %q after t1 settled, want t2 alone", notes)
+	}
+	_ = p.Release(ctx)
+}

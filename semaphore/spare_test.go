@@ -397,3 +397,39 @@ func TestSpareSeatsGoBackWhenTheSeatChannelIsLost(t *testing.T) {
 		t.Fatalf("used seats = %d after every seat was released", n)
 	}
 }
+
+// TestSpareSeatsComeBackForAParkedTask: a producer's task parked on a key
+// that busy spare seats fill (Park, into a room with no standby place)
+// calls them back, as a task that stands by does: the next spare seat that
+// finishes goes back to the key, and lets the parked task out.
+func TestSpareSeatsComeBackForAParkedTask(t *testing.T) {
+	srv := redistest.Start(t)
+	woken := make(wakeLog, 4)
+	a := newService(t, srv.Client(), withSpares(8), woken.option)
+	b := newService(t, srv.Client(), woken.option)
+	key := uniqueKey(t)
+	const capacity = 10
+	held := []*semaphore.Permit{openSpares(t, a, key, capacity)} // 1 seat and 4 spare
+	// Lent from the spare seats: busy, so they do not idle back.
+	for i := range 4 {
+		held = append(held, enterSeat(t, a, key, capacity, "a"+strconv.Itoa(i)))
+	}
+	for i := range 5 {
+		held = append(held, enterSeat(t, b, key, capacity, "b"+strconv.Itoa(i)))
+	}
+	if n := used(t, a, key); n != capacity {
+		t.Fatalf("used seats = %d, want the key full (%d)", n, capacity)
+	}
+	if err := b.Park(context.Background(), key, capacity, "parked", roomOf(0)); err != nil {
+		t.Fatal(err)
+	}
+	woken.none(t)
+	mustRelease(t, held[1]) // a spare seat, lent out
+	if token := woken.next(t); token != "parked" {
+		t.Fatalf("let out %q, want the parked task", token)
+	}
+	for _, h := range held[2:] {
+		mustRelease(t, h)
+	}
+	mustRelease(t, held[0])
+}

@@ -14,9 +14,12 @@ noteRoom(a, now)
 local nowus = micros(t)
 local arrival, fresh = arrivalOf(a.token, nowus, a)
 park(a.token, arrival, a.new == '1')
-recallSpares(a.prefix or '', a.key or '')
 if fresh then noteShare(a, a.token, arrival, nowus) end
 redis.call('PEXPIRE', KEYS[5], a.keyttl)
-local woken = {}
-if a.wake == '1' then woken = admit(now, math.max(tonumber(a.capacity) - liveHolders(now), 0)) end
+local woken, placed = {}, 0
+if a.wake == '1' then woken, placed = admit(now, math.max(tonumber(a.capacity) - liveHolders(now), 0)) end
+-- Spare seats are lent only while the room is empty, and recalled by the
+-- call that first puts a token in it: a room that held standby places
+-- before this call has none to recall.
+if placed == 0 then recallSpares(a.prefix or '', a.key or '') end
 return {'woken', woken}

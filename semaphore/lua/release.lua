@@ -29,8 +29,8 @@ end
 local now, t = clock()
 local held = 0
 if tonumber(s) > now then held = 1 end
-local own, woken = settle(now, t, tonumber(a.capacity), a, false, true)
-if #own == 0 and redis.call('EXISTS', KEYS[1]) == 0 then
+local own, woken, seated = settle(now, t, tonumber(a.capacity), a, false, true)
+if not seated and redis.call('EXISTS', KEYS[1]) == 0 then
   -- The last seat is back: the key idles, and its keys go with it (the
   -- next fence takes the server's clock for its floor, see nextFence).
   redis.call('DEL', KEYS[10])

@@ -175,11 +175,12 @@ end
 -- forgetRest takes what is left of a token out of the room for good once
 -- its place is gone (placed: it held one, see unplace): its arrival kept
 -- aside (a token in a place is never aside: each way into places leaves
--- aside) and a fair key's note of its real arrival. An empty room keeps no
--- key; it reports whether anybody still waits.
-local function forgetRest(token, placed)
+-- aside) and a fair key's note of its real arrival (unless its caller
+-- knows it has none: plain). An empty room keeps no key; it reports
+-- whether anybody still waits.
+local function forgetRest(token, placed, plain)
   if not placed then redis.call('ZREM', KEYS[9], token) end
-  redis.call('HDEL', KEYS[12], token)
+  if not plain then redis.call('HDEL', KEYS[12], token) end
   if occupied() then return true end
   dropRoom()
   return false
@@ -312,9 +313,11 @@ end
 -- passed over (it gets a seat once its process is back); one whose process
 -- is gone is dropped (a standby place it held lapses, and puts it back
 -- among the parked). It returns the caller's grants (token, member, fence
--- triples), the seats still free, and whether a waiter blocks the line.
+-- triples), the seats still free, whether a waiter blocks the line, and
+-- how many tokens it gave a seat, the caller's and others'.
 local function grant(now, t, free, mine, prefix, key, before)
   local own = {}
+  local given = 0
   local skipped = 0
   local blocked = false
   while free ~= 0 do
@@ -358,6 +361,7 @@ local function grant(now, t, free, mine, prefix, key, before)
         if label ~= '' then member = id .. '\n' .. label end
         local fence = hold(member, seats, now, t, tonumber(ttl))
         if free > 0 then free = free - seats end
+        given = given + 1
         if channel == mine then
           own[#own + 1] = token
           own[#own + 1] = member
@@ -368,7 +372,7 @@ local function grant(now, t, free, mine, prefix, key, before)
       end
     end
   end
-  return own, free, blocked
+  return own, free, blocked, given
 end
 
 -- keepPlaces gives the keys of the standby places (places, since) the
@@ -395,14 +399,16 @@ end
 
 -- admit gives standby places to the parked tokens that arrived first,
 -- while fewer than the budget (the standby budget, or the free seats when
--- more) hold one, and returns them. The places' keys get their TTL when
--- admit makes them; noteRoom renews it.
+-- more) hold one, and returns them, and how many places there were before
+-- the call. The places' keys get their TTL when admit makes them;
+-- noteRoom renews it.
 local function admit(now, free)
-  local standing = redis.call('ZCARD', KEYS[6])
+  local before = redis.call('ZCARD', KEYS[6])
+  local standing = before
   if standing > 0 then
     standing = standing - reclaim(now)
   elseif redis.call('EXISTS', KEYS[5]) == 0 then
-    return {}
+    return {}, 0
   end
   local made = standing == 0
   local room = roomSettings()
@@ -418,25 +424,32 @@ local function admit(now, free)
     out[#out + 1] = first[1]
   end
   if made and #out > 0 then keepPlaces(room[4]) end
-  return out
+  return out, before
 end
 
 -- settle runs after any change of seats: it gives the free seats to the
 -- tokens waiting in a process, then lets parked tokens out for the places
 -- and seats left (only when the caller brings tasks back: wake is '1').
--- It returns the caller's grants and the tokens let out. A caller that
--- just found somebody waiting says so (known), for one command less; one
--- that freed seats and no place (seatsOnly) lets nobody out once the seats
--- went to the waiting: the places are as full as they were.
+-- It returns the caller's grants, the tokens let out, and true when it
+-- knows that a seat is held (it counted the live ones, or gave one). A
+-- caller that just found somebody waiting says so (known), for one
+-- command less; one that freed seats and no place (seatsOnly) lets nobody
+-- out once the seats went to the waiting: the places are as full as they
+-- were.
 local function settle(now, t, capacity, a, known, seatsOnly)
-  if not known and not occupied() then return {}, {} end
+  if not known and not occupied() then return {}, {}, false end
   local free = -1 -- a capacity of -1: each waiter's own
-  if capacity >= 0 then free = math.max(capacity - liveHolders(now), 0) end
-  local own
-  own, free = grant(now, t, free, a.channel or '', a.prefix or '', a.key or '')
+  local seated = false
+  if capacity >= 0 then
+    local live = liveHolders(now)
+    free = math.max(capacity - live, 0)
+    seated = live > 0
+  end
+  local own, _, given
+  own, free, _, given = grant(now, t, free, a.channel or '', a.prefix or '', a.key or '')
   local out = {}
   if a.wake == '1' and not (seatsOnly and free == 0) then out = admit(now, math.max(free, 0)) end
-  return own, out
+  return own, out, seated or given > 0
 end
 
 -- noteRoom tells the room its settings (a.capacity, a.budget, a.transit,

@@ -3,7 +3,9 @@
 -- the same call), unless it waits for the key again meanwhile.
 --
 -- KEYS: those of room.lua
--- ARGV, name/value pairs: token, wake, channel, prefix, key
+-- ARGV, name/value pairs: token, wake, channel, prefix, key, fair ('1':
+--   the token entered with a share value, so it has a note of its real
+--   arrival to forget)
 --
 -- Reply, name/value pairs: now, granted, woken (see acquire.lua).
 
@@ -14,7 +16,7 @@ if not redis.call('ZSCORE', KEYS[2], a.token) then
   -- entry: what is left of it is its place (unless the place lapsed and
   -- put it back among the parked, where it keeps its arrival).
   local placed = unplace(a.token)
-  if (placed or not redis.call('ZSCORE', KEYS[5], a.token)) and not forgetRest(a.token, placed) then
+  if (placed or not redis.call('ZSCORE', KEYS[5], a.token)) and not forgetRest(a.token, placed, a.fair ~= '1') then
     return {'now', now, 'granted', {}, 'woken', {}}
   end
 end
