@@ -58,6 +58,29 @@ func enter(t *testing.T, s *semaphore.Service, key string, capacity int, token s
 	return e
 }
 
+// seatFrom has e, standing by alone in s for key, Wait for the seat that
+// holder gives back, and returns it.
+func seatFrom(t *testing.T, s *semaphore.Service, key string, e *semaphore.Entry, holder *semaphore.Permit) *semaphore.Permit {
+	t.Helper()
+	got := make(chan *semaphore.Permit, 1)
+	go func() {
+		p, err := e.Wait(context.Background(), semaphore.WithWaitTimeout(5*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- p
+	}()
+	waitfor.Condition(t, 5*time.Second, "the entry waits in line", func() bool { return s.LocalWaiters(key) == 1 })
+	if err := holder.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	p := <-got
+	if p == nil {
+		t.FailNow()
+	}
+	return p
+}
+
 // TestRoomLetsOutInArrivalOrder: tasks that find no seat stand by while
 // places are free, then go to the room; a token parks once, keeping its
 // first place however often its task comes back; a task keeps its place
@@ -92,22 +115,7 @@ func TestRoomLetsOutInArrivalOrder(t *testing.T) {
 	woken.none(t)
 
 	// t1 takes the seat t0 frees; its place goes to t2, the first parked.
-	got := make(chan *semaphore.Permit, 1)
-	go func() {
-		p, err := standing.Wait(ctx, semaphore.WithWaitTimeout(5*time.Second))
-		if err != nil {
-			t.Error(err)
-		}
-		got <- p
-	}()
-	waitfor.Condition(t, 5*time.Second, "t1 waits in line", func() bool { return s.LocalWaiters(key) == 1 })
-	if err := first.Permit.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	p := <-got
-	if p == nil {
-		t.FailNow()
-	}
+	p := seatFrom(t, s, key, standing, first.Permit)
 	// t1 keeps its place until it starts.
 	woken.none(t)
 	if err := standing.Settle(ctx); err != nil {
@@ -395,22 +403,7 @@ func TestSettleForgetsAFairTokensRealArrival(t *testing.T) {
 	if notes := srv.Client().HKeys(ctx, realsKey).Val(); !slices.Equal(notes, []string{"t1", "t2"}) {
 		t.Fatalf("real arrivals noted for %q, want t1 and t2", notes)
 	}
-	got := make(chan *semaphore.Permit, 1)
-	go func() {
-		p, err := standing.Wait(ctx, semaphore.WithWaitTimeout(5*time.Second))
-		if err != nil {
-			t.Error(err)
-		}
-		got <- p
-	}()
-	waitfor.Condition(t, 5*time.Second, "t1 waits in line", func() bool { return s.LocalWaiters(key) == 1 })
-	if err := first.Permit.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	p := <-got
-	if p == nil {
-		t.FailNow()
-	}
+	p := seatFrom(t, s, key, standing, first.Permit)
 	if err := standing.Settle(ctx); err != nil {
 		t.Fatal(err)
 	}
