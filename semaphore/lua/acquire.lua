@@ -67,7 +67,13 @@ local function slot(x)
 end
 local now, t = clock()
 local nowus = micros(t)
-local waitedFor = occupied()
+-- A task let out of the room comes to its slot holding a place: the
+-- common enter of a full key, so its place is looked for first (a room
+-- that holds a place is not empty).
+local placedAt = false
+if mode == 'enter' and token ~= '' then placedAt = redis.call('HGET', KEYS[7], token) end
+local waitedFor = true
+if not placedAt then waitedFor = occupied() end
 local roomed = waitedFor
 if mode == 'enter' or mode == 'reserve' then
   roomed = roomed or redis.call('EXISTS', KEYS[9]) == 1
@@ -75,7 +81,11 @@ end
 -- inPlace: the token holds a standby place (it was let out, and its task
 -- is here).
 local arrival, fresh, inPlace = nowus, true, false
-if token ~= '' and (roomed or (a.share or '') ~= '') then arrival, fresh, inPlace = arrivalOf(token, nowus, a) end
+if placedAt then
+  arrival, fresh, inPlace = placedAt, false, true
+elseif token ~= '' and (roomed or (a.share or '') ~= '') then
+  arrival, fresh, inPlace = arrivalOf(token, nowus, a, mode == 'enter')
+end
 -- A waiter that waited behind in its process joins with its arrival.
 if fresh and mode == 'join' and a.since and tonumber(a.since) < tonumber(arrival) then arrival = a.since end
 -- keep records a new token's virtual arrival, for a fair key, once it is

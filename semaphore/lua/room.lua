@@ -205,12 +205,15 @@ end
 
 -- knownArrival is a token's place in line when it waits or stepped aside,
 -- and whether it holds a standby place (true: its arrival is in since,
--- which keeps those of the tokens in places, and of no others).
-local function knownArrival(token)
+-- which keeps those of the tokens in places, and of no others); unplaced:
+-- the caller looked in since already.
+local function knownArrival(token, unplaced)
   local at = redis.call('ZSCORE', KEYS[5], token)
   if at then return at, false end
-  at = redis.call('HGET', KEYS[7], token)
-  if at then return at, true end
+  if not unplaced then
+    at = redis.call('HGET', KEYS[7], token)
+    if at then return at, true end
+  end
   return redis.call('ZSCORE', KEYS[2], token) or redis.call('ZSCORE', KEYS[9], token), false
 end
 
@@ -232,10 +235,10 @@ end
 -- it asks with a share value (a.share; a may be nil). The second result
 -- is true for a new token, the third when it holds a standby place. A
 -- token its caller says is new (a.new '1', see WithNewToken) is not looked
--- for.
-local function arrivalOf(token, nowus, a)
+-- for, nor is a place its caller looked for already (unplaced).
+local function arrivalOf(token, nowus, a, unplaced)
   local known, placed = nil, false
-  if not (a and a.new == '1') then known, placed = knownArrival(token) end
+  if not (a and a.new == '1') then known, placed = knownArrival(token, unplaced) end
   if known then return known, false, placed end
   if a and (a.share or '') ~= '' then return shareArrival(a, nowus), true end
   return nowus, true
