@@ -412,3 +412,33 @@ func TestSettleForgetsAFairTokensRealArrival(t *testing.T) {
 	}
 	_ = p.Release(ctx)
 }
+
+// TestLapsedPlaceParksWithATTL: a place whose task never showed up goes
+// back among the parked when the room is swept, and the parked key that
+// makes lapses with the room like the others.
+func TestLapsedPlaceParksWithATTL(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newService(t, srv.Client(), make(wakeLog, 4).option)
+	ctx := context.Background()
+	key := uniqueKey(t)
+	short := semaphore.Room{Standby: 1, Hold: 50 * time.Millisecond, Transit: 50 * time.Millisecond, TTL: time.Minute}
+	if e := enter(t, s, key, 1, "holder", short); e.Permit == nil {
+		t.Fatal("the first task found no free seat")
+	}
+	if ok, err := s.Reserve(ctx, key, 1, "r", short); err != nil || !ok {
+		t.Fatalf("Reserve with a place free = %v, %v", ok, err)
+	}
+	serverClockPasses(t, srv.Client(), 60*time.Millisecond)
+	closed := short
+	closed.Standby = 0 // the sweep lets nobody out again
+	if _, err := s.Admit(ctx, key, 1, closed); err != nil {
+		t.Fatal(err)
+	}
+	parked := storeKey(key, "parked")
+	if err := srv.Client().ZScore(ctx, parked, "r").Err(); err != nil {
+		t.Fatalf("r, whose place lapsed, is not parked: %v", err)
+	}
+	if ttl := srv.Client().PTTL(ctx, parked).Val(); ttl <= 0 {
+		t.Fatalf("the parked key's TTL is %v, want the room's", ttl)
+	}
+}

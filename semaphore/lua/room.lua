@@ -397,6 +397,8 @@ local function reclaim(now)
     local arrival = redis.call('HGET', KEYS[7], token)
     park(token, arrival or now * 1000)
   end
+  -- The parked key may be new: it lives as long as the room.
+  if #lapsed > 0 then redis.call('PEXPIRE', KEYS[5], roomSettings()[4] or '180000') end
   return #lapsed
 end
 
