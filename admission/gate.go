@@ -34,13 +34,12 @@ import (
 // interval of the limit's cost each), so that no task overtakes them, and
 // for a task beyond the limit's own pace counted over the tasks this Gate
 // sent to their queue (a bucket of the limit's rate and burst in memory):
-// no call to Redis either way. The
-// Gate brings the tasks of the rooms it parked in back while it is open,
-// one process per room at a time (ratelimit.DutyLease); the workers look
-// into the rooms of plain keys every SweepInterval, so that tasks a
-// producer left behind are brought back. Rate limits of a template are not
-// routed: their tasks go to their queue, and a worker parks them when
-// their tokens are not due.
+// no call to Redis either way. The Gate brings the tasks of the rooms it
+// parked in back while it is open, one process per room at a time
+// (ratelimit.DutyLease); the workers look into the rooms of plain keys
+// every SweepInterval, so that tasks a producer left behind are brought
+// back. Rate limits of a template are not routed: their tasks go to their
+// queue, and a worker parks them when their tokens are not due.
 type Gate struct {
 	cfg   *config.Config
 	table *Table

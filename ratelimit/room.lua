@@ -27,9 +27,9 @@
 --         Reply: 1.
 --         'duty': ARGV[2] the asking process, ARGV[3] ms its duty lasts
 --         (a worker, by its name below, says so for 3 leases in KEYS[4]):
---         take (or keep) the duty of handing tokens
---         out, unless another process holds it (a worker takes it over
---         from a producer); the holder gives it up once the room is empty.
+--         take (or keep) the duty of handing tokens out, unless another
+--         process holds it (a worker takes it over from a producer); the
+--         holder gives it up once the room is empty.
 --         Reply: {1 on duty | 0 not, 1 when the room is empty | 0}
 --
 -- A process's name in the duty is its ID, '/', and '1' for a worker, '0'
