@@ -17,6 +17,7 @@ import (
 
 	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
 	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
+	"github.com/fleetcap/fleetcap/producer"
 )
 
 // operatorFleet is one worker with a cap of 2 on a private Redis, a
@@ -311,69 +312,102 @@ func TestRunByHandKeepsItsPlace(t *testing.T) {
 	}
 }
 
-// TestPausedQueueHoldsNoPlaces: the tasks of a paused queue hold no seat
-// and no standby place of a cap that another queue's tasks could use
-// (SPEC §2.11); once the queue resumes they run.
-func TestPausedQueueHoldsNoPlaces(t *testing.T) {
-	srv := redistest.Start(t)
-	yaml := fmt.Sprintf(`redis: {url: %q}
-worker: {concurrency: 10, shutdown_timeout: 3s, queues: {held: 1, other: 1}}
+// pausedQueue is a fleet's config whose task types held and other, in
+// queues of their names, share a limit, declared by decl under each; the
+// queue held is paused. Its handler records the types that ran.
+type pausedQueue struct {
+	yaml string
+	insp *asynq.Inspector
+	dur  time.Duration // each task's run
+
+	mu  sync.Mutex
+	ran map[string]int // by task type
+}
+
+func newPausedQueue(t *testing.T, srv *redistest.Server, decl string, dur time.Duration) *pausedQueue {
+	t.Helper()
+	q := &pausedQueue{yaml: fmt.Sprintf(`redis: {url: %q}
+worker: {concurrency: 10, shutdown_timeout: 3s, parked_retry: 10s, queues: {held: 1, other: 1}}
 monitoring: {addr: "127.0.0.1:0"}
 tasks:
   held:
     queue: held
-    max_retry: 3
-    semaphore: {key: scarce, capacity: 2, ttl: 10s, wait_timeout: 5s}
+    max_retry: 0
+%[2]s
   other:
     queue: other
-    max_retry: 3
-    semaphore: {key: scarce, capacity: 2, ttl: 10s, wait_timeout: 5s}
-`, srv.URL())
-	insp := asynq.NewInspector(asynq.RedisClientOpt{Addr: srv.Addr()})
-	t.Cleanup(func() { _ = insp.Close() })
-	if err := insp.PauseQueue("held"); err != nil {
+    max_retry: 0
+%[2]s
+`, srv.URL(), decl), insp: asynq.NewInspector(asynq.RedisClientOpt{Addr: srv.Addr()}), dur: dur, ran: map[string]int{}}
+	t.Cleanup(func() { _ = q.insp.Close() })
+	if err := q.insp.PauseQueue("held"); err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	ran := map[string]int{}
-	record := func(ctx context.Context, task *asynq.Task) error {
-		mu.Lock()
-		ran[task.Type()]++
-		mu.Unlock()
-		time.Sleep(operatorTaskDur)
-		return nil
-	}
-	p := newProducer(t, yaml, "held", "other")
-	ctx := context.Background()
-	for i := range 4 {
-		if _, err := p.Enqueue(ctx, "held", []byte(fmt.Sprintf(`{"n":%d}`, i))); err != nil {
+	return q
+}
+
+func (q *pausedQueue) handler(_ context.Context, task *asynq.Task) error {
+	q.mu.Lock()
+	q.ran[task.Type()]++
+	q.mu.Unlock()
+	time.Sleep(q.dur)
+	return nil
+}
+
+func (q *pausedQueue) count(typ string) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.ran[typ]
+}
+
+// enqueue enqueues n tasks of typ through p.
+func (q *pausedQueue) enqueue(t *testing.T, p *producer.Producer, typ string, n int) {
+	t.Helper()
+	for i := range n {
+		if _, err := p.Enqueue(context.Background(), typ, []byte(fmt.Sprintf(`{"n":%d}`, i))); err != nil {
 			t.Fatal(err)
 		}
 	}
-	startWorkers(t, 1, yaml, map[string]asynq.HandlerFunc{"held": record, "other": record})
-	for i := range 10 {
-		if _, err := p.Enqueue(ctx, "other", []byte(fmt.Sprintf(`{"n":%d}`, i))); err != nil {
+}
+
+// runsBesideThePause waits for other's n tasks to run within limit while
+// held waits paused, checks that none of held ran, resumes held and waits
+// for its held tasks to run, none archived.
+func (q *pausedQueue) runsBesideThePause(t *testing.T, other, held int, limit, pace time.Duration) {
+	t.Helper()
+	took := waitfor.Condition(t, limit, "the other queue's tasks run while held waits paused", func() bool {
+		return q.count("other") == other
+	})
+	t.Logf("the other queue's %d tasks ran in %s (the limit's pace: %s, %d paused tasks waiting)", other, took.Round(time.Millisecond), pace, held)
+	if n := q.count("held"); n != 0 {
+		t.Errorf("%d tasks of the paused queue ran", n)
+	}
+	if err := q.insp.UnpauseQueue("held"); err != nil {
+		t.Fatal(err)
+	}
+	waitfor.Condition(t, 30*time.Second, "the paused queue's tasks run once it resumes", func() bool {
+		return q.count("held") == held
+	})
+	for _, name := range []string{"held", "other"} {
+		info, err := q.insp.GetQueueInfo(name)
+		if err != nil {
 			t.Fatal(err)
 		}
+		if info.Archived != 0 {
+			t.Errorf("queue %s: %d archived", name, info.Archived)
+		}
 	}
+}
+
+// TestPausedQueueHoldsNoPlaces: the tasks of a paused queue hold no seat
+// and no standby place of a cap that another queue's tasks could use
+// (SPEC §2.11); once the queue resumes they run.
+func TestPausedQueueHoldsNoPlaces(t *testing.T) {
+	q := newPausedQueue(t, redistest.Start(t), "    semaphore: {key: scarce, capacity: 2, ttl: 10s, wait_timeout: 5s}", operatorTaskDur)
+	p := newProducer(t, q.yaml, "held", "other")
+	q.enqueue(t, p, "held", 4)
+	startWorkers(t, 1, q.yaml, map[string]asynq.HandlerFunc{"held": q.handler, "other": q.handler})
+	q.enqueue(t, p, "other", 10)
 	pace := 10 * operatorTaskDur / 2
-	took := waitfor.Condition(t, 2*pace+3*time.Second, "the other queue's tasks run while held waits paused", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return ran["other"] == 10
-	})
-	t.Logf("the other queue's 10 tasks ran in %s (the cap's pace: %s)", took.Round(time.Millisecond), pace)
-	mu.Lock()
-	if ran["held"] != 0 {
-		t.Errorf("%d tasks of the paused queue ran", ran["held"])
-	}
-	mu.Unlock()
-	if err := insp.UnpauseQueue("held"); err != nil {
-		t.Fatal(err)
-	}
-	waitfor.Condition(t, 20*time.Second, "the paused queue's tasks run once it resumes", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return ran["held"] == 4
-	})
+	q.runsBesideThePause(t, 10, 4, 2*pace+3*time.Second, pace)
 }

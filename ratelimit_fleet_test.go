@@ -480,3 +480,21 @@ func TestDeletedWaitingTaskDoesNotDelayTheNext(t *testing.T) {
 		t.Errorf("ran more than once: %v", twice)
 	}
 }
+
+// TestPausedQueueSpendsNoRate: the tasks of a paused queue, parked in a
+// rate limit's room ahead of another queue's, do not spend the pace the
+// other queue's tasks could use: each hand-out to one of them is taken
+// back at once, and its token keeps its arrival (SPEC §2.11, as for a cap's
+// places). Once the queue resumes they all run, none archived. Before, the
+// room handed each of them a whole interval, so the other queue's tasks
+// started after 40 intervals, not at once.
+func TestPausedQueueSpendsNoRate(t *testing.T) {
+	const held, other, interval = 40, 10, 100 * time.Millisecond
+	q := newPausedQueue(t, redistest.Start(t), "    rate_limits: [{key: shared, rate: 10, per: 1s, burst: 1}]", 0)
+	p := newProducer(t, q.yaml, "held", "other")
+	q.enqueue(t, p, "held", held)
+	q.enqueue(t, p, "other", other)
+	startWorkers(t, 1, q.yaml, map[string]asynq.HandlerFunc{"held": q.handler, "other": q.handler})
+	pace := other * interval
+	q.runsBesideThePause(t, other, held, 2*pace+time.Second, pace)
+}

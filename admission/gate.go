@@ -183,7 +183,7 @@ func (r Route) Park(ctx context.Context) error {
 	if l.Kind == KindCap {
 		return r.g.sem.Park(ctx, l.Key, l.Capacity, r.token, capRoom(l, r.g.cfg.Worker.ParkedRetry), l.tokenOptions(r.fresh)...)
 	}
-	n, err := r.g.adm.parkToken(ctx, *l, r.token)
+	n, err := r.g.adm.parkToken(ctx, *l, r.token, r.fresh)
 	if err == nil {
 		r.g.pace.parked(*l, n)
 	}

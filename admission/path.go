@@ -515,7 +515,7 @@ func waitForTokens(ctx context.Context, due time.Duration, deadline time.Time) b
 func (a *Admitter) parkForTokens(ctx context.Context, r Limit, token string) *Back {
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeCallTimeout)
 	defer cancel()
-	if _, err := a.parkToken(pctx, r, token); err != nil {
+	if _, err := a.parkToken(pctx, r, token, false); err != nil {
 		taskID, _ := asynq.GetTaskID(ctx)
 		a.Logger.Warn("worker: park a task for tokens (it comes back after its delay)", "key", r.Key, "id", taskID, "err", err)
 	}
@@ -525,9 +525,14 @@ func (a *Admitter) parkForTokens(ctx context.Context, r Limit, token string) *Ba
 // parkToken puts token in the room of rate limit r, and makes sure this
 // process brings tasks back from it when their tokens are due, even when
 // the park failed (the room may hold others). It returns how many tokens
-// wait in the room.
-func (a *Admitter) parkToken(ctx context.Context, r Limit, token string) (int, error) {
-	n, err := a.Limiter.Park(ctx, r.Key, token, 3*a.ParkedRetry)
+// wait in the room. A fresh token was made for a task just enqueued: it
+// cannot have stepped aside (see rateReturn).
+func (a *Admitter) parkToken(ctx context.Context, r Limit, token string, fresh bool) (int, error) {
+	park := a.Limiter.Park
+	if fresh {
+		park = a.Limiter.ParkNew
+	}
+	n, err := park(ctx, r.Key, token, 3*a.ParkedRetry)
 	a.rateWakes.watch(a, r, err == nil && n == 1)
 	return n, err
 }

@@ -24,10 +24,11 @@ import (
 // while it is still on its way). Only a task that still waits for that
 // limit is moved: never one that completed, failed, was archived or
 // deleted, or waits for another key meanwhile; such a token is dismissed
-// and its place goes to the next. A task run by hand waits pending with
-// its place. A task of a paused queue steps aside: it holds no place
-// while its queue is paused, and keeps its arrival for when it resumes.
-// Its delay in asynq is only the safety net.
+// and its place (or a rate limit's hand-out) goes to the next. A task run
+// by hand waits pending with its place. A task of a paused queue steps
+// aside: it holds no place and spends no hand-out while its queue is
+// paused, and keeps its arrival for when it resumes. Both rooms' wake-ups
+// go through Waker.bring. Its delay in asynq is only the safety net.
 
 // Waker brings the tasks a cap's room lets out to their queue: give its
 // OnWake to semaphore.Options.OnWake. The worker and the producer's Gate
@@ -55,19 +56,67 @@ func (k *Waker) OnWake(key string, tokens []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), storeCallTimeout)
 	defer cancel()
 	for _, token := range tokens {
-		var err error
-		switch k.bringBack(ctx, Mark(KindCap, key), token) {
-		case asynqx.Gone:
-			// Not waiting any more: its place goes to the next token,
-			// handed to OnWake again.
-			err = k.sem.Dismiss(ctx, key, token)
-		case asynqx.Paused:
-			err = k.sem.StepAside(ctx, key, token)
-		}
-		if err != nil {
-			k.log.Warn("worker: give up the place of a task that does not come for it now (the place lapses by itself)", "key", key, "err", err)
-		}
+		k.bring(ctx, Mark(KindCap, key), token, capReturn{sem: k.sem, key: key, token: token})
 	}
+}
+
+// A returner takes back what a room handed a token whose task does not
+// come for it now: a cap's place, a rate limit's hand-out. Both rooms'
+// wake-ups go through bring.
+type returner interface {
+	// gone: the task waits no more (it ran, was deleted or archived, or
+	// waits for another key): what it was handed goes to the next token.
+	gone(ctx context.Context) error
+	// paused: the task waits pending in its paused queue: what it was
+	// handed goes to the next token, and the token keeps its arrival for
+	// when the queue resumes and the task comes back.
+	paused(ctx context.Context) error
+}
+
+// bring brings the task of token back to its queue (bringBack), and hands
+// what it was given back to its room (r) when the task does not come for
+// it now; it reports whether it did.
+func (k *Waker) bring(ctx context.Context, mark, token string, r returner) (returned bool) {
+	var err error
+	switch k.bringBack(ctx, mark, token) {
+	case asynqx.Gone:
+		err = r.gone(ctx)
+	case asynqx.Paused:
+		err = r.paused(ctx)
+	default:
+		return false
+	}
+	if err != nil {
+		k.log.Warn("worker: hand back what a room gave a task that does not come for it now (it lapses by itself)", "mark", mark, "err", err)
+		return false
+	}
+	return true
+}
+
+// capReturn gives back a cap's place.
+type capReturn struct {
+	sem        *semaphore.Service
+	key, token string
+}
+
+func (c capReturn) gone(ctx context.Context) error   { return c.sem.Dismiss(ctx, c.key, c.token) }
+func (c capReturn) paused(ctx context.Context) error { return c.sem.StepAside(ctx, c.key, c.token) }
+
+// rateReturn gives back a rate limit's hand-out: the next comes one
+// interval of its tokens sooner.
+type rateReturn struct {
+	a     *Admitter
+	r     Limit
+	limit ratelimit.Limit
+	h     ratelimit.Handout
+}
+
+func (c rateReturn) gone(ctx context.Context) error {
+	return c.a.Limiter.Void(ctx, c.r.Key, c.limit, c.r.Spec.Rate.Cost)
+}
+
+func (c rateReturn) paused(ctx context.Context) error {
+	return c.a.Limiter.StepAside(ctx, c.r.Key, c.h, c.limit, c.r.Spec.Rate.Cost, 3*c.a.ParkedRetry)
 }
 
 // bringBack moves the task of token to the dequeuing end of its queue and
@@ -119,7 +168,7 @@ type rateLoop struct {
 	// nudge wakes the loop from its wait when a task parks in an empty
 	// room (the loop may be waiting a DutyLease out while the duty's
 	// holder, finding the room empty, gave the duty up), or when a task
-	// it handed a token out to no longer waited (see void).
+	// it handed a token out to did not come for it (see bring).
 	nudge chan struct{}
 }
 
@@ -131,10 +180,7 @@ func (rw *rateWakes) watch(a *Admitter, r Limit, first bool) {
 	if l, runs := rw.running[r.Key]; runs {
 		l.again = true
 		if first {
-			select {
-			case l.nudge <- struct{}{}:
-			default: // nudged already
-			}
+			l.wake()
 		}
 		return
 	}
@@ -166,15 +212,8 @@ func (rw *rateWakes) done(key string) bool {
 	return true
 }
 
-// void takes back a hand-out of r's room whose task no longer waits, and
-// nudges the loop l to hand out the next at once, if it is due.
-func (rw *rateWakes) void(a *Admitter, r Limit, l *rateLoop, limit ratelimit.Limit) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.runCtx), storeCallTimeout)
-	defer cancel()
-	if err := a.Limiter.Void(ctx, r.Key, limit, r.Spec.Rate.Cost); err != nil {
-		a.Logger.Warn("worker: take back the hand-out of a task that no longer waits (the next comes an interval later)", "key", r.Key, "err", err)
-		return
-	}
+// wake nudges the loop l out of its wait, to look at its room at once.
+func (l *rateLoop) wake() {
 	select {
 	case l.nudge <- struct{}{}:
 	default: // nudged already
@@ -198,7 +237,7 @@ func (rw *rateWakes) loop(a *Admitter, r Limit, l *rateLoop) {
 	mark := Mark(KindRate, r.Key)
 	for ctx.Err() == nil {
 		limit := r.Resized(a.Sizes).Rate
-		token, wait, err := a.Limiter.NextDue(ctx, r.Key, limit, r.Spec.Rate.Cost)
+		h, wait, err := a.Limiter.NextDue(ctx, r.Key, limit, r.Spec.Rate.Cost)
 		switch {
 		case errors.Is(err, ratelimit.ErrRoomEmpty):
 			if rw.done(r.Key) {
@@ -210,12 +249,14 @@ func (rw *rateWakes) loop(a *Admitter, r Limit, l *rateLoop) {
 				a.Logger.Warn("worker: bring back tasks that waited for tokens (they come back by themselves)", "key", r.Key, "err", err)
 			}
 			wait = time.Second
-		case token != "":
+		case h.Token != "":
 			rw.wg.Add(1)
 			go func() {
 				defer rw.wg.Done()
-				if waker.bringBack(context.WithoutCancel(ctx), mark, token) == asynqx.Gone {
-					rw.void(a, r, l, limit)
+				bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeCallTimeout)
+				defer cancel()
+				if waker.bring(bctx, mark, h.Token, rateReturn{a: a, r: r, limit: limit, h: h}) {
+					l.wake()
 				}
 			}()
 			if wait < time.Millisecond {

@@ -54,8 +54,8 @@ func TestParkInAnEmptyRoomNudgesTheLoop(t *testing.T) {
 	if res, err := other.Take(ctx, "api", due, due.Burst); err != nil || !res.Allowed {
 		t.Fatalf("spend the burst: %+v, %v", res, err)
 	}
-	if token, _, err := other.NextDue(ctx, "api", due, 1); err != nil || token != "" {
-		t.Fatalf("the other process's first ask = %q, %v, want the duty and nothing handed out", token, err)
+	if h, _, err := other.NextDue(ctx, "api", due, 1); err != nil || h.Token != "" {
+		t.Fatalf("the other process's first ask = %q, %v, want the duty and nothing handed out", h.Token, err)
 	}
 	// This process's loop asks once, hears that the duty is held, and
 	// waits the lease out (its ask is the one script call counted here).
@@ -69,7 +69,8 @@ func TestParkInAnEmptyRoomNudgesTheLoop(t *testing.T) {
 	// the burst was spent), finds the room empty and gives the duty up.
 	var handedOut string
 	waitfor.Condition(t, 5*time.Second, "the other process hands the token out", func() bool {
-		token, _, err := other.NextDue(ctx, "api", due, 1)
+		h, _, err := other.NextDue(ctx, "api", due, 1)
+		token := h.Token
 		if err != nil {
 			t.Fatalf("the other process's hand-out: %v", err)
 		}
@@ -83,7 +84,7 @@ func TestParkInAnEmptyRoomNudgesTheLoop(t *testing.T) {
 		t.Fatalf("the other process's next ask: %v, want ErrRoomEmpty", err)
 	}
 	start := time.Now()
-	if n, err := a.parkToken(ctx, l, "q\x00late"); err != nil || n != 1 {
+	if n, err := a.parkToken(ctx, l, "q\x00late", false); err != nil || n != 1 {
 		t.Fatalf("park in the empty room = %d, %v, want 1", n, err)
 	}
 	room := lim.RedisKey("api") + ":room"

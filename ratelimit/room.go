@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -29,14 +30,29 @@ var roomSrc string
 
 var roomScript = redis.NewScript(roomSrc)
 
-// Park puts token in key's room, keeping its place if it is there already,
-// and returns how many tokens wait there now, token included. The room
-// lapses ttl after its last Park.
+// Park puts token in key's room, keeping its place if it is there already
+// (or the arrival it had when a hand-out set it aside, StepAside), and
+// returns how many tokens wait there now, token included. The room lapses
+// ttl after its last Park.
 func (l *Limiter) Park(ctx context.Context, key, token string, ttl time.Duration) (int, error) {
+	return l.park(ctx, key, token, ttl, false)
+}
+
+// ParkNew is Park for a token made just now, which cannot have been set
+// aside: it costs one command less.
+func (l *Limiter) ParkNew(ctx context.Context, key, token string, ttl time.Duration) (int, error) {
+	return l.park(ctx, key, token, ttl, true)
+}
+
+func (l *Limiter) park(ctx context.Context, key, token string, ttl time.Duration, fresh bool) (int, error) {
 	if key == "" || token == "" || ttl < time.Millisecond {
 		return 0, fmt.Errorf("ratelimit: Park wants a key, a token and a ttl of at least 1ms, got %q, %q, %s", key, token, ttl)
 	}
-	n, err := roomScript.Run(ctx, l.rdb, l.roomKeys(key), "park", token, ttl.Milliseconds()).Int()
+	isNew := "0"
+	if fresh {
+		isNew = "1"
+	}
+	n, err := roomScript.Run(ctx, l.rdb, l.roomKeys(key), "park", token, ttl.Milliseconds(), isNew).Int()
 	if err != nil {
 		return 0, fmt.Errorf("ratelimit: park on %q: %w", key, err)
 	}
@@ -52,6 +68,25 @@ func (l *Limiter) Void(ctx context.Context, key string, limit Limit, cost int) e
 		return err
 	}
 	if err := roomScript.Run(ctx, l.rdb, l.roomKeys(key), "void", l.handOutGap(limit, cost)).Err(); err != nil {
+		return fmt.Errorf("ratelimit: room of %q: %w", key, err)
+	}
+	return nil
+}
+
+// StepAside takes back a hand-out of key's room, as Void does, whose task
+// waits in a paused queue: the task runs, or parks again, once its queue
+// resumes, and a Park of its token within ttl gives it back the arrival it
+// had, ahead of the tokens parked after it.
+func (l *Limiter) StepAside(ctx context.Context, key string, h Handout, limit Limit, cost int, ttl time.Duration) error {
+	if err := checkArgs(key, limit, cost); err != nil {
+		return err
+	}
+	if h.Token == "" || ttl < time.Millisecond {
+		return fmt.Errorf("ratelimit: StepAside wants a token and a ttl of at least 1ms, got %q, %s", h.Token, ttl)
+	}
+	err := roomScript.Run(ctx, l.rdb, l.roomKeys(key), "aside", l.handOutGap(limit, cost), h.Token, h.Arrival,
+		ttl.Milliseconds()).Err()
+	if err != nil {
 		return fmt.Errorf("ratelimit: room of %q: %w", key, err)
 	}
 	return nil
@@ -75,15 +110,21 @@ func (l *Limiter) Waiting(ctx context.Context, key string) (int, error) {
 // ErrRoomEmpty is returned by NextDue when no token waits in the room.
 var ErrRoomEmpty = errors.New("ratelimit: nobody waits")
 
+// A Handout is a token NextDue handed out of a room.
+type Handout struct {
+	Token   string // "" when none was
+	Arrival int64  // when the token was parked, server µs (see StepAside)
+}
+
 // NextDue hands out the first token of key's room once cost tokens of the
-// limit are due, or hands out nothing (token ""); either way wait is how
+// limit are due, or hands out nothing (Handout.Token ""); either way wait is how
 // long until the next hand-out may be due, the time to ask again (after a
 // hand-out, the interval the limit earns cost tokens in, or less when it
 // was late). While another process holds the room's duty, it hands out
 // nothing and says DutyLease; so does an EnqueueOnly Limiter while no
 // other Limiter asked for the duty within the last 3 DutyLeases. It
 // returns ErrRoomEmpty when no token waits.
-func (l *Limiter) NextDue(ctx context.Context, key string, limit Limit, cost int) (token string, wait time.Duration, err error) {
+func (l *Limiter) NextDue(ctx context.Context, key string, limit Limit, cost int) (h Handout, wait time.Duration, err error) {
 	// The duty is asked for first, unless this Limiter took it lately;
 	// then only when the tokens are not due (the pop says when the room is
 	// empty). An EnqueueOnly Limiter always asks first: a worker may have
@@ -91,36 +132,47 @@ func (l *Limiter) NextDue(ctx context.Context, key string, limit Limit, cost int
 	checked := l.enqueueOnly || !l.duties.fresh(key)
 	if checked {
 		if wait, err := l.takeDuty(ctx, key); err != nil || wait > 0 {
-			return "", wait, err
+			return Handout{}, wait, err
 		}
 	}
 	peek, err := l.Peek(ctx, key, limit, cost)
 	if err != nil {
-		return "", 0, err
+		return Handout{}, 0, err
 	}
 	if !peek.Allowed {
 		if !checked {
 			if wait, err := l.takeDuty(ctx, key); err != nil || wait > 0 {
-				return "", wait, err
+				return Handout{}, wait, err
 			}
 		}
-		return "", peek.RetryAfter, nil
+		return Handout{}, peek.RetryAfter, nil
 	}
 	vals, err := roomScript.Run(ctx, l.rdb, l.roomKeys(key), "pop", l.handOutGap(limit, cost), l.id,
 		DutyLease.Microseconds()).Slice()
 	if err != nil {
-		return "", 0, fmt.Errorf("ratelimit: room of %q: %w", key, err)
+		return Handout{}, 0, fmt.Errorf("ratelimit: room of %q: %w", key, err)
 	}
-	if len(vals) != 2 {
-		return "", 0, fmt.Errorf("ratelimit: room script replied %d values", len(vals))
+	if len(vals) < 2 {
+		return Handout{}, 0, fmt.Errorf("ratelimit: room script replied %d values", len(vals))
 	}
-	token, _ = vals[0].(string)
+	h.Token, _ = vals[0].(string)
 	waitUs, _ := vals[1].(int64)
-	if token == "" && waitUs < 0 {
+	if h.Token == "" && waitUs < 0 {
 		l.duties.gave(key)
-		return "", 0, ErrRoomEmpty
+		return Handout{}, 0, ErrRoomEmpty
 	}
-	return token, time.Duration(waitUs) * time.Microsecond, nil
+	if h.Token != "" {
+		if len(vals) != 3 {
+			return Handout{}, 0, fmt.Errorf("ratelimit: room script handed out %q with %d values", h.Token, len(vals))
+		}
+		arrival, _ := vals[2].(string)
+		us, err := strconv.ParseFloat(arrival, 64) // a sorted set's score
+		if err != nil {
+			return Handout{}, 0, fmt.Errorf("ratelimit: room script replied arrival %q: %w", arrival, err)
+		}
+		h.Arrival = int64(us)
+	}
+	return h, time.Duration(waitUs) * time.Microsecond, nil
 }
 
 // takeDuty takes or renews this Limiter's duty of key's room: 0 on duty,
@@ -148,7 +200,7 @@ func (l *Limiter) takeDuty(ctx context.Context, key string) (time.Duration, erro
 // key's limit.
 func (l *Limiter) roomKeys(key string) []string {
 	base := "rate:" + l.redisKey(key)
-	return []string{base + ":room", base + ":next", base + ":duty", base + ":served"}
+	return []string{base + ":room", base + ":next", base + ":duty", base + ":served", base + ":aside"}
 }
 
 // DutyLease is how long a process's duty of handing out a room's tokens

@@ -5,7 +5,11 @@
 -- KEYS[3] duty    STRING: the process that hands tokens out, leased
 -- KEYS[4] served  STRING, leased: a process that runs the tasks it brings
 --                 back (a worker) asked for the duty lately
--- ARGV[1] 'park': ARGV[2] token, ARGV[3] ms the room outlives this call.
+-- KEYS[5] aside   HASH token -> arrival (server µs) of the tokens handed out
+--                 to a task of a paused queue, kept for when it parks again
+-- ARGV[1] 'park': ARGV[2] token, ARGV[3] ms the room outlives this call,
+--         ARGV[4] '1' when the token is new (it cannot be aside). A token
+--         set aside takes back its arrival.
 --         Reply: the tokens in the room, this one included.
 --         'pop': the tokens are due: hand out the first token, unless the
 --         next hand-out is not due yet. Hand-outs are spaced ARGV[2] µs (the
@@ -20,10 +24,14 @@
 --         brought back for nobody to run, nor once a worker took its duty
 --         over, and asks again after ARGV[4] µs.
 --         Reply: {token or '', µs to wait before asking again (until
---         the next hand-out, also after one; -1: the room is empty)}
+--         the next hand-out, also after one; -1: the room is empty), the
+--         token's arrival}
 --         'void': a token handed out belonged to a task that no longer
 --         waits (deleted, or run meanwhile): the next hand-out comes
 --         ARGV[2] µs (the interval) sooner, as if it had not been made.
+--         'aside': as 'void', for a token whose task waits in a paused
+--         queue: ARGV[3] the token, ARGV[4] its arrival, kept (ARGV[5] ms)
+--         for when it parks again.
 --         Reply: 1.
 --         'duty': ARGV[2] the asking process, ARGV[3] ms its duty lasts
 --         (a worker, by its name below, says so for 3 leases in KEYS[4]):
@@ -47,15 +55,27 @@ if ARGV[1] == 'duty' then
   redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3])
   return {1, 0}
 end
-if ARGV[1] == 'void' then
+if ARGV[1] == 'void' or ARGV[1] == 'aside' then
   local next = redis.call('GET', KEYS[2])
   if next then redis.call('SET', KEYS[2], tonumber(next) - tonumber(ARGV[2]), 'PX', math.ceil(tonumber(ARGV[2]) / 1000) + 1000) end
+  if ARGV[1] == 'aside' then
+    redis.call('HSET', KEYS[5], ARGV[3], ARGV[4])
+    redis.call('PEXPIRE', KEYS[5], ARGV[5])
+  end
   return 1
 end
 local t = redis.call('TIME')
 local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
 if ARGV[1] == 'park' then
-  redis.call('ZADD', KEYS[1], 'NX', nowus, ARGV[2])
+  local arrival = nowus
+  if ARGV[4] ~= '1' then
+    local kept = redis.call('HGET', KEYS[5], ARGV[2])
+    if kept then
+      arrival = kept
+      redis.call('HDEL', KEYS[5], ARGV[2])
+    end
+  end
+  redis.call('ZADD', KEYS[1], 'NX', arrival, ARGV[2])
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return redis.call('ZCARD', KEYS[1])
 end
@@ -72,4 +92,4 @@ local first = redis.call('ZPOPMIN', KEYS[1])
 local gap = tonumber(ARGV[2])
 next = math.max(next, nowus - math.floor(gap / 2)) + gap
 redis.call('SET', KEYS[2], next, 'PX', math.ceil(gap / 1000) + 1000)
-return {first[1], next - nowus}
+return {first[1], next - nowus, first[2]}

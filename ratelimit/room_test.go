@@ -3,6 +3,7 @@ package ratelimit_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -36,7 +37,8 @@ func TestRoomHandsOutOneTokenPerInterval(t *testing.T) {
 		t.Fatalf("the burst: %+v, %v", res, err)
 	}
 	// Not due: nobody is handed out, and NextDue says how long to wait.
-	token, wait, err := l.NextDue(ctx, key, limit, 1)
+	h, wait, err := l.NextDue(ctx, key, limit, 1)
+	token := h.Token
 	if err != nil || token != "" || wait <= 0 || wait > 50*time.Millisecond {
 		t.Fatalf("NextDue before the token is due = %q, %s, %v", token, wait, err)
 	}
@@ -48,7 +50,8 @@ func TestRoomHandsOutOneTokenPerInterval(t *testing.T) {
 		// out.
 		handed := 0
 		for range 3 {
-			token, w, err := l.NextDue(ctx, key, limit, 1)
+			h, w, err := l.NextDue(ctx, key, limit, 1)
+			token := h.Token
 			if errors.Is(err, ratelimit.ErrRoomEmpty) && len(got) == 3 {
 				break
 			}
@@ -101,10 +104,11 @@ func TestOneProcessHandsOutARoom(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if token, _, err := first.NextDue(ctx, key, limit, 1); err != nil || token != "a" {
-		t.Fatalf("the first process's NextDue = %q, %v, want a", token, err)
+	if h, _, err := first.NextDue(ctx, key, limit, 1); err != nil || h.Token != "a" {
+		t.Fatalf("the first process's NextDue = %q, %v, want a", h.Token, err)
 	}
-	token, wait, err := second.NextDue(ctx, key, limit, 1)
+	h, wait, err := second.NextDue(ctx, key, limit, 1)
+	token := h.Token
 	if err != nil || token != "" || wait != ratelimit.DutyLease {
 		t.Fatalf("the second process's NextDue while the first holds the duty = %q, %s, %v, want \"\", %s", token, wait, err, ratelimit.DutyLease)
 	}
@@ -115,7 +119,8 @@ func TestOneProcessHandsOutARoom(t *testing.T) {
 		if time.Since(start) > 3*ratelimit.DutyLease {
 			t.Fatalf("after %s the second process handed out %v, want [b c]", time.Since(start), got)
 		}
-		token, wait, err := second.NextDue(ctx, key, limit, 1)
+		h, wait, err := second.NextDue(ctx, key, limit, 1)
+		token := h.Token
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -156,14 +161,71 @@ func TestEnqueueOnlyHandsOutForWorkers(t *testing.T) {
 		}
 	}
 	for range 2 { // the duty taken, then held
-		if token, wait, err := producer.NextDue(ctx, key, limit, 1); err != nil || token != "" || wait != ratelimit.DutyLease {
-			t.Fatalf("the producer's NextDue with no worker = %q, %s, %v, want \"\", %s", token, wait, err, ratelimit.DutyLease)
+		if h, wait, err := producer.NextDue(ctx, key, limit, 1); err != nil || h.Token != "" || wait != ratelimit.DutyLease {
+			t.Fatalf("the producer's NextDue with no worker = %q, %s, %v, want \"\", %s", h.Token, wait, err, ratelimit.DutyLease)
 		}
 	}
-	if token, _, err := worker.NextDue(ctx, key, limit, 1); err != nil || token != "a" {
-		t.Fatalf("the worker's NextDue while the producer holds the duty = %q, %v, want a", token, err)
+	if h, _, err := worker.NextDue(ctx, key, limit, 1); err != nil || h.Token != "a" {
+		t.Fatalf("the worker's NextDue while the producer holds the duty = %q, %v, want a", h.Token, err)
 	}
-	if token, wait, err := producer.NextDue(ctx, key, limit, 1); err != nil || token != "" || wait != ratelimit.DutyLease {
-		t.Fatalf("the producer's NextDue after the worker took the duty = %q, %s, %v, want \"\", %s", token, wait, err, ratelimit.DutyLease)
+	if h, wait, err := producer.NextDue(ctx, key, limit, 1); err != nil || h.Token != "" || wait != ratelimit.DutyLease {
+		t.Fatalf("the producer's NextDue after the worker took the duty = %q, %s, %v, want \"\", %s", h.Token, wait, err, ratelimit.DutyLease)
+	}
+}
+
+// TestStepAsideKeepsTheArrival: a hand-out taken back because its task waits
+// in a paused queue (StepAside) does not count against the pace, as Void,
+// and the token, parked again once its queue resumes, takes back its
+// arrival, ahead of a token parked after it; a token parked anew
+// (ParkNew) arrives now.
+func TestStepAsideKeepsTheArrival(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	l := newLimiter(t, srv.Client(), nil)
+	limit := ratelimit.Limit{Rate: 1, Per: time.Hour, Burst: 1} // one token an hour
+	key := t.Name()
+	for _, token := range []string{"a", "b"} {
+		if _, err := l.Park(ctx, key, token, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h, _, err := l.NextDue(ctx, key, limit, 1)
+	if err != nil || h.Token != "a" || h.Arrival <= 0 {
+		t.Fatalf("NextDue = %+v, %v, want a with its arrival", h, err)
+	}
+	if err := l.StepAside(ctx, key, h, limit, 1, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	// The hand-out did not count: the next is due at once, not in an hour.
+	next, _, err := l.NextDue(ctx, key, limit, 1)
+	if err != nil || next.Token != "b" {
+		t.Fatalf("NextDue after a hand-out stepped aside = %+v, %v, want b at once", next, err)
+	}
+	if err := l.StepAside(ctx, key, next, limit, 1, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	// c parks, then b and a come back from their queue: a and b are first,
+	// in their order of arrival.
+	if _, err := l.ParkNew(ctx, key, "c", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	for _, token := range []string{"b", "a"} {
+		if _, err := l.Park(ctx, key, token, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []string
+	for range 3 {
+		h, _, err := l.NextDue(ctx, key, limit, 1)
+		if err != nil || h.Token == "" {
+			t.Fatalf("NextDue after %v = %+v, %v", got, h, err)
+		}
+		got = append(got, h.Token)
+		if err := l.Void(ctx, key, limit, 1); err != nil { // the next at once
+			t.Fatal(err)
+		}
+	}
+	if !slices.Equal(got, []string{"a", "b", "c"}) {
+		t.Fatalf("handed out %v, want [a b c]", got)
 	}
 }

@@ -5,7 +5,7 @@
 -- set with fleetcap's header (enqueued to wait), or pending already (run
 -- by hand by an operator, or on its way after an earlier wake-up). A task
 -- of a paused queue is made pending, where it waits for its queue to
--- resume, and the caller gives its place to the next. A task that ran
+-- resume, and the caller gives its place (or hand-out) to the next. A task that ran
 -- meanwhile (completed, retrying after a real failure, archived), waits
 -- for another key, or no longer exists (deleted) is left alone.
 --
