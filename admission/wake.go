@@ -56,33 +56,26 @@ func (k *Waker) OnWake(key string, tokens []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), storeCallTimeout)
 	defer cancel()
 	for _, token := range tokens {
-		k.bring(ctx, Mark(KindCap, key), token, capReturn{sem: k.sem, key: key, token: token})
+		k.bring(ctx, Mark(KindCap, key), token,
+			func(ctx context.Context) error { return k.sem.Dismiss(ctx, key, token) },
+			func(ctx context.Context) error { return k.sem.StepAside(ctx, key, token) })
 	}
 }
 
-// A returner takes back what a room handed a token whose task does not
-// come for it now: a cap's place, a rate limit's hand-out. Both rooms'
-// wake-ups go through bring.
-type returner interface {
-	// gone: the task waits no more (it ran, was deleted or archived, or
-	// waits for another key): what it was handed goes to the next token.
-	gone(ctx context.Context) error
-	// paused: the task waits pending in its paused queue: what it was
-	// handed goes to the next token, and the token keeps its arrival for
-	// when the queue resumes and the task comes back.
-	paused(ctx context.Context) error
-}
-
-// bring brings the task of token back to its queue (bringBack), and hands
-// what it was given back to its room (r) when the task does not come for
-// it now; it reports whether it did.
-func (k *Waker) bring(ctx context.Context, mark, token string, r returner) (returned bool) {
+// bring brings the task of token back to its queue (bringBack). When the
+// task does not come for it now, what the room handed it (a cap's place, a
+// rate limit's hand-out) goes back: gone, when the task waits no more (it
+// ran, was deleted or archived, or waits for another key), gives it to the
+// next token; paused, when the task waits pending in its paused queue,
+// also keeps the token's arrival for when the queue resumes. It reports
+// whether it gave it back. Both rooms' wake-ups go through it.
+func (k *Waker) bring(ctx context.Context, mark, token string, gone, paused func(context.Context) error) bool {
 	var err error
 	switch k.bringBack(ctx, mark, token) {
 	case asynqx.Gone:
-		err = r.gone(ctx)
+		err = gone(ctx)
 	case asynqx.Paused:
-		err = r.paused(ctx)
+		err = paused(ctx)
 	default:
 		return false
 	}
@@ -91,32 +84,6 @@ func (k *Waker) bring(ctx context.Context, mark, token string, r returner) (retu
 		return false
 	}
 	return true
-}
-
-// capReturn gives back a cap's place.
-type capReturn struct {
-	sem        *semaphore.Service
-	key, token string
-}
-
-func (c capReturn) gone(ctx context.Context) error   { return c.sem.Dismiss(ctx, c.key, c.token) }
-func (c capReturn) paused(ctx context.Context) error { return c.sem.StepAside(ctx, c.key, c.token) }
-
-// rateReturn gives back a rate limit's hand-out: the next comes one
-// interval of its tokens sooner.
-type rateReturn struct {
-	a     *Admitter
-	r     Limit
-	limit ratelimit.Limit
-	h     ratelimit.Handout
-}
-
-func (c rateReturn) gone(ctx context.Context) error {
-	return c.a.Limiter.Void(ctx, c.r.Key, c.limit, c.r.Spec.Rate.Cost)
-}
-
-func (c rateReturn) paused(ctx context.Context) error {
-	return c.a.Limiter.StepAside(ctx, c.r.Key, c.h, c.limit, c.r.Spec.Rate.Cost, 3*c.a.ParkedRetry)
 }
 
 // bringBack moves the task of token to the dequeuing end of its queue and
@@ -255,7 +222,13 @@ func (rw *rateWakes) loop(a *Admitter, r Limit, l *rateLoop) {
 				defer rw.wg.Done()
 				bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeCallTimeout)
 				defer cancel()
-				if waker.bring(bctx, mark, h.Token, rateReturn{a: a, r: r, limit: limit, h: h}) {
+				// A hand-out given back does not count against the pace: the
+				// next comes one interval of the tokens sooner.
+				gone := func(ctx context.Context) error { return a.Limiter.Void(ctx, r.Key, limit, r.Spec.Rate.Cost) }
+				paused := func(ctx context.Context) error {
+					return a.Limiter.StepAside(ctx, r.Key, h, limit, r.Spec.Rate.Cost, 3*a.ParkedRetry)
+				}
+				if waker.bring(bctx, mark, h.Token, gone, paused) {
 					l.wake()
 				}
 			}()
