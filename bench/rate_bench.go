@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"time"
 
@@ -17,9 +18,16 @@ import (
 // workers' start to the last task (as the BullMQ anchor counts), and from
 // before the enqueue (redis_cmds_per_task_with_enqueue: the producer parks
 // the tasks it holds back in the rate limit's room as it enqueues them).
+//
+// BENCH_S8_TEMPLATE=1 declares the limit's key as a template over the
+// payload (one tenant), which prints variant "template".
 func runS8(ctx context.Context, env *benchEnv) error {
 	const procs, conc, tasks, rate, burst = 3, 10, 3000, 200, 10
-	block := fmt.Sprintf("    rate_limits:\n      - {key: s8-%d, rate: %d, per: 1s, burst: %d}\n", time.Now().UnixNano(), rate, burst)
+	key, variant := fmt.Sprintf("s8-%d", time.Now().UnixNano()), "plain"
+	if os.Getenv("BENCH_S8_TEMPLATE") == "1" {
+		key, variant = key+":{tenant}", "template"
+	}
+	block := fmt.Sprintf("    rate_limits:\n      - {key: %q, rate: %d, per: 1s, burst: %d}\n", key, rate, burst)
 	r, err := prepareFleetTypes(env, "s8", conc, map[string]string{probe.Type: block}, "")
 	if err != nil {
 		return err
@@ -29,7 +37,7 @@ func runS8(ctx context.Context, env *benchEnv) error {
 	if err != nil {
 		return err
 	}
-	if err := r.produce(ctx, probe.Type, tasks, func(int) map[string]any { return map[string]any{"ms": 0} }); err != nil {
+	if err := r.produce(ctx, probe.Type, tasks, func(int) map[string]any { return map[string]any{"ms": 0, "tenant": "t1"} }); err != nil {
 		return err
 	}
 	if err := r.markCommands(ctx); err != nil {
@@ -67,7 +75,7 @@ func runS8(ctx context.Context, env *benchEnv) error {
 	}
 	span := starts[len(starts)-1].Sub(starts[0])
 	return env.emit(map[string]any{
-		"peer": "fleetcap", "scenario": "S8", "rate": rate, "per_ms": 1000, "burst": burst,
+		"peer": "fleetcap", "scenario": "S8", "variant": variant, "rate": rate, "per_ms": 1000, "burst": burst,
 		"workers": procs, "conc": conc, "tasks": tasks, "ms": span.Milliseconds(),
 		"tasks_per_s": int(float64(len(starts)-1) / span.Seconds()), "max_in_any_1s": most,
 		"redis_cmds_per_task": round(float64(cmds)/tasks, 2), "redis_cpu_us_per_task": cpu,
