@@ -62,6 +62,19 @@ func noneArchivedIn(t *testing.T, srv *redistest.Server) {
 	}
 }
 
+// rateKey is a rate limit's key as declared, with the payload of task i
+// and the key it renders: the producer holds tasks back the same way for a
+// plain key and for a template's.
+type rateKey struct {
+	name, declared, rendered string
+	payload                  func(i int) string
+}
+
+var rateKeys = []rateKey{
+	{"plain", "api", "api", func(i int) string { return fmt.Sprintf(`{"i":%d}`, i) }},
+	{"template", "acct:{a}", "acct:x", func(i int) string { return fmt.Sprintf(`{"a":"x","i":%d}`, i) }},
+}
+
 // TestRateLimitHoldsFleetWide: three workers of ten slots share a limit of
 // 20 tasks a second with a burst of 5, over a backlog of 120 tasks (a third
 // with max_retry 0): no window of one second sees more than rate + burst
@@ -338,10 +351,16 @@ tasks:
 // dequeued once, as its token comes due: none is dequeued early to be
 // sent back (before, each of the backlog was).
 func TestProducerHoldsBackTasksBeyondTheRate(t *testing.T) {
+	for _, k := range rateKeys {
+		t.Run(k.name, func(t *testing.T) { producerHoldsBackTasksBeyondTheRate(t, k) })
+	}
+}
+
+func producerHoldsBackTasksBeyondTheRate(t *testing.T, k rateKey) {
 	const tasks, rate, burst = 40, 20, 2
 	srv := redistest.Start(t)
-	yaml := rateFleetYAML(srv.URL(), 10, fmt.Sprintf("    rate_limits: [{key: api, rate: %d, per: 1s, burst: %d}]\n", rate, burst))
-	enqueueJobs(t, newProducer(t, yaml, "job"), tasks, func(i int) string { return fmt.Sprintf(`{"i":%d}`, i) })
+	yaml := rateFleetYAML(srv.URL(), 10, fmt.Sprintf("    rate_limits: [{key: %q, rate: %d, per: 1s, burst: %d}]\n", k.declared, rate, burst))
+	enqueueJobs(t, newProducer(t, yaml, "job"), tasks, k.payload)
 	insp := asynq.NewInspector(asynq.RedisClientOpt{Addr: srv.Addr()})
 	defer insp.Close()
 	info, err := insp.GetQueueInfo("default")
@@ -361,7 +380,7 @@ func TestProducerHoldsBackTasksBeyondTheRate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	duty, last, asks := lim.RedisKey("api")+":duty", time.Duration(-2), 0
+	duty, last, asks := lim.RedisKey(k.rendered)+":duty", time.Duration(-2), 0
 	took := waitfor.Condition(t, 5*time.Second, "the producer asks for the room twice", func() bool {
 		ttl := srv.Client().PTTL(context.Background(), duty).Val()
 		if ttl > last {
@@ -421,11 +440,17 @@ func TestProducerHoldsBackTasksBeyondTheRate(t *testing.T) {
 // limit's pace, long before the safety net (parked_retry, 10 s) would
 // bring them.
 func TestWorkerBringsBackWhatAProducerLeftInARoom(t *testing.T) {
+	for _, k := range rateKeys {
+		t.Run(k.name, func(t *testing.T) { workerBringsBackWhatAProducerLeftInARoom(t, k) })
+	}
+}
+
+func workerBringsBackWhatAProducerLeftInARoom(t *testing.T, k rateKey) {
 	const tasks, rate, burst = 10, 5, 1
 	srv := redistest.Start(t)
-	yaml := rateFleetYAML(srv.URL(), 4, fmt.Sprintf("    rate_limits: [{key: api, rate: %d, per: 1s, burst: %d}]\n", rate, burst))
+	yaml := rateFleetYAML(srv.URL(), 4, fmt.Sprintf("    rate_limits: [{key: %q, rate: %d, per: 1s, burst: %d}]\n", k.declared, rate, burst))
 	p := newProducer(t, yaml, "job")
-	enqueueJobs(t, p, tasks, func(i int) string { return fmt.Sprintf(`{"i":%d}`, i) })
+	enqueueJobs(t, p, tasks, k.payload)
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -54,8 +54,10 @@
 //     when the next hand-out is due), the wake-up (6), the dequeue (7,
 //     and an empty one, 3, as the queue runs dry between hand-outs), the
 //     take (4), done (7), and the idle watch between (2). A task of one rate
-//     limit takes its tokens without peeking first. A task enqueued with
-//     plain asynq, or of a template's key, is dequeued before its tokens
-//     are due, goes back parked, and is dequeued again when they are
-//     (about 58 commands a task).
+//     limit takes its tokens without peeking first. A template's key
+//     costs the same (39.2 with BENCH_S8_TEMPLATE=1): the producer notes
+//     a rendered key's room for the workers as it parks a task in it while
+//     empty (ratelimit.NoteRoom, one call). A task enqueued with plain
+//     asynq is dequeued before its tokens are due, goes back parked, and
+//     is dequeued again when they are (about 59 commands a task).
 package admission

@@ -29,23 +29,23 @@ import (
 // worker parked. So a limited task is not dequeued while its cap is full,
 // nor, mostly, before its tokens are due.
 //
-// A rate limit of a plain key is busy until the tasks this Gate parked in
-// its room are due (by the count in the room at its last park, one
+// A rate limit's key is busy until the tasks this Gate parked in its room
+// are due (by the count in the room at its last park, one
 // interval of the limit's cost each), so that no task overtakes them, and
 // for a task beyond the limit's own pace counted over the tasks this Gate
 // sent to their queue (a bucket of the limit's rate and burst in memory):
 // no call to Redis either way. The Gate brings the tasks of the rooms it
 // parked in back while it is open, one process per room at a time
 // (ratelimit.DutyLease); the workers look into the rooms of plain keys
-// every SweepInterval, so that tasks a producer left behind are brought
-// back. Rate limits of a template are not routed: their tasks go to their
-// queue, and a worker parks them when their tokens are not due.
+// every SweepInterval, and into those of rendered keys that a Gate noted
+// as it parked a task in them while empty (ratelimit.NoteRoom), so that
+// tasks a producer left behind are brought back.
 type Gate struct {
 	cfg   *config.Config
 	table *Table
 	log   *slog.Logger
 	full  fullHints // the caps that refused a place lately (see Route)
-	pace  *ratePace // the plain rate limits' pace (see Route)
+	pace  *ratePace // the rate limits' pace (see Route)
 
 	mu        sync.Mutex // guards opening: rdb, sem, adm and overrides are set together, once it works
 	rdb       redis.UniversalClient
@@ -71,8 +71,8 @@ func NewGate(cfg *config.Config, log *slog.Logger) (*Gate, error) {
 }
 
 // Routes reports whether Route may keep tasks of taskType out of their
-// queue: they have a cap, or a rate limit of a plain key.
-func (g *Gate) Routes(taskType string) bool { return g.table.Routed(taskType) }
+// queue: they have a limit.
+func (g *Gate) Routes(taskType string) bool { return g.table.Limited(taskType) }
 
 // open opens the Gate's Redis client, semaphore and overrides, the first
 // time it works: a failure (Redis down, ctx done) is returned, and the next
@@ -209,7 +209,7 @@ func (e *FullError) Error() string {
 // queue with ID id, waits; fresh says that id was made for this task just
 // now (no task had it before), which saves looking for its token in the
 // rooms. A type that Routes does not route goes to its queue. A task with
-// a busy rate limit of a plain key (see Gate) waits in its room, and asks
+// a busy rate limit (see Gate) waits in its room, and asks
 // its caps for nothing. Within fullHintFor of a
 // cap refusing a place, the next tasks of its key wait in its room
 // without asking (a backlog enqueued at once costs one Reserve a second,
@@ -222,7 +222,7 @@ func (e *FullError) Error() string {
 // may overshoot it by their number; and a task given a standby place goes
 // to its queue without the check (the standby budget bounds those).
 func (g *Gate) Route(ctx context.Context, taskType string, payload []byte, queue, id string, fresh bool) (Route, error) {
-	if !g.table.Routed(taskType) {
+	if !g.table.Limited(taskType) {
 		return Route{}, nil
 	}
 	if queue == "" || id == "" {
@@ -237,7 +237,7 @@ func (g *Gate) Route(ctx context.Context, taskType string, payload []byte, queue
 	}
 	token := Token{Queue: queue, ID: id}.String()
 	for _, l := range limits {
-		if l.Kind == KindRate && l.Template == "" && g.pace.busy(l) {
+		if l.Kind == KindRate && g.pace.busy(l) {
 			return Route{g: g, limit: l, token: token, waits: true, fresh: fresh}, nil
 		}
 	}

@@ -136,12 +136,6 @@ func NewTable(cfg *config.Config) (*Table, error) {
 // Limited reports whether tasks of taskType have any limit.
 func (t *Table) Limited(taskType string) bool { return len(t.byType[taskType]) > 0 }
 
-// Routed reports whether a producer's Gate may keep tasks of taskType out
-// of their queue: they have a cap, or a rate limit of a plain key.
-func (t *Table) Routed(taskType string) bool {
-	return slices.ContainsFunc(t.byType[taskType], func(s Spec) bool { return s.Kind == KindCap || !s.IsTemplate() })
-}
-
 // Types lists the task types that have limits, sorted.
 func (t *Table) Types() []string { return slices.Sorted(maps.Keys(t.byType)) }
 
@@ -268,11 +262,17 @@ func (l Limit) Resized(sizes Sizes) Limit {
 
 // Plain are the declared limits of kind whose key is not a template, by
 // key (the first declaration of each).
-func (t *Table) Plain(kind Kind) map[string]Spec {
+func (t *Table) Plain(kind Kind) map[string]Spec { return t.declared(kind, false) }
+
+// Templates are the declared limits of kind whose key is a template, by
+// template (the first declaration of each).
+func (t *Table) Templates(kind Kind) map[string]Spec { return t.declared(kind, true) }
+
+func (t *Table) declared(kind Kind, templates bool) map[string]Spec {
 	out := map[string]Spec{}
 	for _, specs := range t.byType {
 		for _, s := range specs {
-			if _, seen := out[s.Declared()]; !seen && s.Kind == kind && !s.IsTemplate() {
+			if _, seen := out[s.Declared()]; !seen && s.Kind == kind && s.IsTemplate() == templates {
 				out[s.Declared()] = s
 			}
 		}

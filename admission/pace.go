@@ -7,15 +7,20 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// ratePace is how a Gate tells whether a rate limit of a plain key is busy
-// (see Gate), a key at a time: until when the tasks it parked in the key's
-// room are due, and a bucket that counts the tasks it sent to their queue
-// against the limit's pace.
+// ratePace is how a Gate tells whether a rate limit's key is busy (see
+// Gate), a key at a time: until when the tasks it parked in the key's room
+// are due, and a bucket that counts the tasks it sent to their queue
+// against the limit's pace. It keeps at most paceKeysMax keys (a template
+// renders a key per tenant): past that, it forgets the keys it has no
+// task waiting for and whose bucket is full, which is as if it had never
+// seen them.
 type ratePace struct {
 	mu    sync.Mutex
-	keys  map[string]*keyPace // by plain key: a config's few
+	keys  map[string]*keyPace // by rendered key
 	clock func() time.Time
 }
+
+const paceKeysMax = 10000
 
 // keyPace is the pace of one key.
 type keyPace struct {
@@ -53,6 +58,9 @@ func (p *ratePace) key(l Limit) *keyPace {
 	every := rate.Every(l.Rate.Interval())
 	k, ok := p.keys[l.Key]
 	if !ok {
+		if len(p.keys) >= paceKeysMax {
+			p.forget()
+		}
 		k = &keyPace{bucket: rate.NewLimiter(every, l.Rate.Burst)}
 		p.keys[l.Key] = k
 	}
@@ -63,4 +71,15 @@ func (p *ratePace) key(l Limit) *keyPace {
 		k.bucket.SetBurst(l.Rate.Burst)
 	}
 	return k
+}
+
+// forget drops the keys whose parked tasks are due and whose bucket is
+// full again.
+func (p *ratePace) forget() {
+	now := p.clock()
+	for key, k := range p.keys {
+		if !now.Before(k.until) && k.bucket.TokensAt(now) >= float64(k.bucket.Burst()) {
+			delete(p.keys, key)
+		}
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -77,6 +78,9 @@ type Admitter struct {
 	recentCaps  *recentKeys // rendered cap keys, for monitoring
 	recentRates *recentKeys // rendered rate-limit keys, for monitoring
 	rateWakes   rateWakes
+	// notedSince is the time (Unix ms) of the latest noted room of a
+	// rendered rate-limit key this process's sweep found (see Sweep).
+	notedSince atomic.Int64
 
 	runCtx context.Context // the serving worker's (Start): the rate rooms' loops end with it
 }
@@ -534,6 +538,13 @@ func (a *Admitter) parkToken(ctx context.Context, r Limit, token string, fresh b
 	}
 	n, err := park(ctx, r.Key, token, 3*a.ParkedRetry)
 	a.rateWakes.watch(a, r, err == nil && n == 1)
+	if err == nil && n == 1 && r.Template != "" {
+		// The room of a rendered key: workers that never parked in it
+		// learn of it from the note (see Sweep).
+		if nerr := a.Limiter.NoteRoom(ctx, r.Template, r.Key, 3*a.ParkedRetry); nerr != nil {
+			a.Logger.Warn("worker: note a rate limit's room for the workers (its tasks come back after their delay)", "key", r.Key, "err", nerr)
+		}
+	}
 	return n, err
 }
 

@@ -55,12 +55,16 @@ func capRoom(l *Limit, parkedRetry time.Duration) semaphore.Room {
 // rate-limit key, where a producer may have parked tasks (see Gate): one
 // call a key while nobody waits there; a room with tasks gets this
 // process's loop that brings them back (rateWakes), as when it parks a
-// task there itself. The worker calls it every SweepInterval (first as it
+// task there itself. So does the room of each rendered rate-limit key
+// that was noted since the last sweep (a producer parked a task in it
+// while it was empty; one call for the notes, when the config has rate
+// templates). The worker calls it every SweepInterval (first as it
 // starts), and at once when an operator's override changes a capacity.
 func (a *Admitter) Sweep(ctx context.Context) {
 	for key, spec := range a.Table.Plain(KindRate) {
 		a.rateWakes.watch(a, Limit{Spec: spec, Key: key}, false)
 	}
+	a.watchNotedRooms(ctx)
 	for _, l := range a.knownCaps() {
 		audit, err := a.Semaphore.Admit(ctx, l.Key, l.Capacity, a.room(&l))
 		if err != nil {
@@ -163,4 +167,30 @@ func (r *roomKeys) list(within time.Duration) []Limit {
 		out = append(out, v.Limit)
 	}
 	return out
+}
+
+// watchNotedRooms watches the rooms of rendered rate-limit keys noted
+// since the last sweep (ratelimit.NoteRoom); the first sweep looks back as
+// far as a room lives.
+func (a *Admitter) watchNotedRooms(ctx context.Context) {
+	templates := a.Table.Templates(KindRate)
+	if len(templates) == 0 {
+		return
+	}
+	lives := 3 * a.ParkedRetry
+	forget := time.Now().Add(-lives).UnixMilli()
+	since := max(a.notedSince.Load(), forget)
+	rooms, err := a.Limiter.Rooms(ctx, since, forget)
+	if err != nil {
+		if ctx.Err() == nil {
+			a.Logger.Warn("worker: read the rooms of rendered rate-limit keys (their tasks come back after their delay)", "err", err)
+		}
+		return
+	}
+	for _, r := range rooms {
+		if spec, ok := templates[r.Template]; ok && spec.Matches(r.Key) {
+			a.rateWakes.watch(a, Limit{Spec: spec, Key: r.Key, Template: r.Template}, false)
+		}
+		a.notedSince.Store(max(a.notedSince.Load(), r.At))
+	}
 }

@@ -10,6 +10,7 @@
 //	<prefix>control:changed          and the channel that announces a change
 //	rate:<prefix>{<tag>}             a rate limit's tokens (package ratelimit; redis_rate puts
 //	rate:<prefix>{<tag>}:room, :next "rate:" first), and its waiting room
+//	rate:<prefix>rooms               the waiting rooms of rendered keys a producer noted (package ratelimit)
 //	<prefix>idle:{<queue tag>}:duty  the watch of an idle queue and its doorbell (internal/asynqx;
 //	<prefix>idle:{<queue tag>}:bell  Idle)
 //
@@ -19,7 +20,12 @@
 // builds of different layouts find each other, and asynq's own keys
 // (asynq:{<queue>}:...), which fleets that share a Redis keep apart by
 // their queue names. Which names a build writes is its Redis layout:
-// changing one bumps internal/layout's Version.
+// changing one bumps internal/layout's Version. A name added that a build
+// of the same layout without it ignores at no cost but speed does not: a
+// rate limit's room's :aside (a paused task's arrival, see package
+// ratelimit) and rate:<prefix>rooms (the noted rooms of rendered keys,
+// which such a build's workers do not look into: the tasks held back
+// there wait for their delay instead).
 package rediskey
 
 import (
