@@ -170,8 +170,8 @@ func (r *roomKeys) list(within time.Duration) []Limit {
 }
 
 // watchNotedRooms watches the rooms of rendered rate-limit keys noted
-// since the last sweep (ratelimit.NoteRoom); the first sweep looks back as
-// far as a room lives.
+// since the last sweep (ratelimit.NoteRoom), and lists their keys for
+// monitoring; the first sweep looks back as far as a room lives.
 func (a *Admitter) watchNotedRooms(ctx context.Context) {
 	templates := a.Table.Templates(KindRate)
 	if len(templates) == 0 {
@@ -189,6 +189,7 @@ func (a *Admitter) watchNotedRooms(ctx context.Context) {
 	}
 	for _, r := range rooms {
 		if spec, ok := templates[r.Template]; ok && spec.Matches(r.Key) {
+			a.recentRates.touch(r.Key, r.Template, 0) // listed for monitoring, as if a task of it had come
 			a.rateWakes.watch(a, Limit{Spec: spec, Key: r.Key, Template: r.Template}, false)
 		}
 		a.notedSince.Store(max(a.notedSince.Load(), r.At))
