@@ -15,20 +15,21 @@
 -- woken (tokens let out), and with head '1', head and clear.
 
 local a = args()
-local s = redis.call('ZSCORE', KEYS[1], a.member)
-if not s then return {'held', 0, 'granted', {}, 'woken', {}} end
+local now, t = clock()
+-- Lapsed leases go first: the seat is still held when it is among the
+-- rest (its lease had not run out).
+sweepHolders(now)
 local seats, keep = tonumber(a.seats or '1'), tonumber(a.keep or '0')
+local held = 0
 if keep > 0 then
+  if redis.call('ZSCORE', KEYS[1], a.member) then held = 1 end
   local rem = {'ZREM', KEYS[1]}
   for i = keep + 1, seats do rem[#rem + 1] = extraSeat(a.member, i) end
   if #rem > 2 then redis.call(unpack(rem)) end
 else
-  unhold(a.member, seats)
+  held = unhold(a.member, seats)
   if a.spare == '1' then redis.call('HDEL', KEYS[13], a.member) end
 end
-local now, t = clock()
-local held = 0
-if tonumber(s) > now then held = 1 end
 local own, woken, seated = settle(now, t, tonumber(a.capacity), a, false, true)
 if not seated and redis.call('EXISTS', KEYS[1]) == 0 then
   -- The last seat is back: the key idles, and its keys go with it (the

@@ -80,9 +80,20 @@ local function micros(t)
   return t[1] .. string.format('%06d', tonumber(t[2]))
 end
 
+-- sweptAt is when (server ms) this call last dropped lapsed leases: once
+-- a call is enough.
+local sweptAt = nil
+
+-- sweepHolders drops the leases that lapsed by now.
+local function sweepHolders(now)
+  if sweptAt == now then return end
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  sweptAt = now
+end
+
 -- liveHolders drops lapsed leases and counts the rest.
 local function liveHolders(now)
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  sweepHolders(now)
   return redis.call('ZCARD', KEYS[1])
 end
 
@@ -405,19 +416,19 @@ end
 -- admit gives standby places to the parked tokens that arrived first,
 -- while fewer than the budget (the standby budget, or the free seats when
 -- more) hold one, and returns them, and how many places there were before
--- the call. The places' keys get their TTL when admit makes them;
--- noteRoom renews it.
+-- the call. Lapsed places are looked for (reclaim) only when none is free:
+-- a place that frees is let out for one command less, and a lapsed one is
+-- put back once the places fill (or taken up again if its task comes
+-- first). The places' keys get their TTL when admit makes them; noteRoom
+-- renews it.
 local function admit(now, free)
   local before = redis.call('ZCARD', KEYS[6])
-  local standing = before
-  if standing > 0 then
-    standing = standing - reclaim(now)
-  elseif redis.call('EXISTS', KEYS[5]) == 0 then
-    return {}, 0
-  end
-  local made = standing == 0
+  if before == 0 and redis.call('EXISTS', KEYS[5]) == 0 then return {}, 0 end
   local room = roomSettings()
   local budget = math.max(tonumber(room[2] or '0'), free)
+  local standing = before
+  if standing > 0 and standing >= budget then standing = standing - reclaim(now) end
+  local made = standing == 0
   local transit = tonumber(room[3] or '1000')
   local out = {}
   while standing < budget do
