@@ -28,24 +28,26 @@
 //     waiters, a seat given back while the process's own waiter is first
 //     in line goes to it in memory and moves with one call of
 //     handover.lua (semaphore/handover.go).
-//   - A cap that is full, tasks through the producer (S5, S10): about 72
+//   - A cap that is full, tasks through the producer (S5, S10): about 70
 //     commands a task in all at 1 process, 77 at 20, asynq's included
-//     (about 20 of them: the enqueue, one dequeue and a quarter of an empty
-//     one, done). Per task: the producer's park (5 commands inside one
-//     script call: its arrival, and whether tokens are parked ahead of it;
-//     the first one parked also lets the next token out if a place is
-//     free, 8), with a reserve asked first only once a second while the
-//     key refuses places (7: the room is not looked through for a token
-//     made just now, semaphore.WithNewToken; see Gate.Route); one wake-up
-//     (wake.lua, 5); the enter of the woken task, standing by in its place
-//     (13: its place, looked up first, its slot and the process's
-//     presence, the last two with their keys' TTL; the places' keys take
-//     theirs when they are made, and as the room's settings are renewed,
-//     four times a TTL); the release that hands its seat on (13: the
-//     lapsed leases, the seat, the next waiter, its fence; it lets nobody
-//     out, as it freed no place); and the settle of the place at the start
-//     (12: the place, and the next parked token let out for it; lapsed
-//     places are looked for only when none is free).
+//     (about 20 of them: the enqueue, one dequeue and a quarter of an
+//     empty one, done). Per task: the producer's park (4 commands inside
+//     one script call: its arrival, and whether tokens are parked ahead
+//     of it; the first one parked also renews the parked key's TTL and
+//     lets the next token out if a place is free, 8), with a reserve
+//     asked first only once a second while the key refuses places (7: the
+//     room is not looked through for a token made just now,
+//     semaphore.WithNewToken; see Gate.Route); one wake-up (wake.lua, 5);
+//     the enter of the woken task, standing by in its place (13: its
+//     place, looked up first, its slot and the process's presence, the
+//     last two with their keys' TTL; the places' keys take theirs when
+//     they are made, and as the room's settings are renewed, four times a
+//     TTL); the release that hands its seat on (13: the lapsed leases,
+//     the seat, the next waiter, its fence; it lets nobody out, as it
+//     freed no place); and the settle of the place at the start (11: the
+//     place, and the next parked token let out for it; lapsed places are
+//     looked for only when none is free, and whether the room is empty
+//     only when nobody was let out).
 //   - A rate limit that is reached, tasks through the producer (S8):
 //     about 39 commands a task from the workers' start, 48 with the
 //     enqueue. The producer holds a backlog back in the limit's room (see

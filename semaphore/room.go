@@ -34,9 +34,9 @@ type Room struct {
 	// out of the room, or admitted by Reserve) waits for it to show up.
 	Transit time.Duration
 	// TTL is how long the room's keys outlive their last use; the keys of
-	// the standby places, renewed with the room's settings (four times a
-	// TTL while tasks enter, park or are swept), at least three quarters
-	// of it.
+	// the standby places and of the parked tokens, renewed with the room's
+	// settings (four times a TTL while tasks enter, park or are swept), at
+	// least three quarters of it.
 	TTL time.Duration
 	// Audit is how often, fleet-wide, one Admit call is handed the tokens
 	// parked in the room to check (see Admit); 0: never.

@@ -183,15 +183,20 @@ local function unplace(token)
   return true
 end
 
--- forgetRest takes what is left of a token out of the room for good once
+-- forgetNotes takes what is left of a token out of the room for good once
 -- its place is gone (placed: it held one, see unplace): its arrival kept
 -- aside (a token in a place is never aside: each way into places leaves
 -- aside) and a fair key's note of its real arrival (unless its caller
--- knows it has none: plain). An empty room keeps no key; it reports
--- whether anybody still waits.
-local function forgetRest(token, placed, plain)
+-- knows it has none: plain).
+local function forgetNotes(token, placed, plain)
   if not placed then redis.call('ZREM', KEYS[9], token) end
   if not plain then redis.call('HDEL', KEYS[12], token) end
+end
+
+-- forgetRest is forgetNotes, after which an empty room keeps no key; it
+-- reports whether anybody still waits.
+local function forgetRest(token, placed, plain)
+  forgetNotes(token, placed, plain)
   if occupied() then return true end
   dropRoom()
   return false
@@ -482,6 +487,9 @@ local function noteRoom(a, now)
   redis.call('HSET', KEYS[8], 'capacity', a.capacity, 'budget', a.budget, 'transit', a.transit, 'keyttl', a.keyttl, 'sig', sig)
   redis.call('PEXPIRE', KEYS[8], keyttl)
   keepPlaces(keyttl)
+  -- The parked key takes its TTL from whoever makes it, and is renewed
+  -- here (park.lua renews it only for the first token parked).
+  redis.call('PEXPIRE', KEYS[5], keyttl)
 end
 
 -- lineHead is the first tokens waiting in a process (at most 8), in line,

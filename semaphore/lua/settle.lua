@@ -11,14 +11,19 @@
 
 local a = args()
 local now, t = clock()
+local left = false
 if not redis.call('ZSCORE', KEYS[2], a.token) then
   -- It took its seat, which took it out of the waiting and its slots
   -- entry: what is left of it is its place (unless the place lapsed and
   -- put it back among the parked, where it keeps its arrival).
   local placed = unplace(a.token)
-  if (placed or not redis.call('ZSCORE', KEYS[5], a.token)) and not forgetRest(a.token, placed, a.fair ~= '1') then
-    return {'now', now, 'granted', {}, 'woken', {}}
+  if placed or not redis.call('ZSCORE', KEYS[5], a.token) then
+    forgetNotes(a.token, placed, a.fair ~= '1')
+    left = true
   end
 end
 local own, woken = settle(now, t, roomCapacity(-1), a, true)
+-- A room it leaves empty keeps no key; one that let a token out is not
+-- empty (one command less when tasks wait).
+if left and #woken == 0 and not occupied() then dropRoom() end
 return {'now', now, 'granted', own, 'woken', woken}
