@@ -3,6 +3,7 @@ package semaphore_test
 import (
 	"context"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -305,6 +306,37 @@ func TestNewTokensWaitInArrivalOrder(t *testing.T) {
 		if token := woken.next(t); token != step.next {
 			t.Fatalf("let out %q after %s left, want %s", token, step.gone, step.next)
 		}
+	}
+	if err := holder.Permit.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestParkedBacklogOutlivesTheRoomTTL: tokens parked behind others do not
+// renew the parked key's TTL themselves (the first one parked does), so
+// the room's renewal of its settings, four times a TTL, must: a backlog
+// that keeps parking for three TTLs keeps every token, and its key a TTL.
+func TestParkedBacklogOutlivesTheRoomTTL(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newService(t, srv.Client(), make(wakeLog, 4).option)
+	ctx := context.Background()
+	key := uniqueKey(t)
+	room := roomOf(1)
+	room.TTL = 200 * time.Millisecond
+	holder := fillWithOneStandingBy(t, s, key, room)
+	parked := storeKey(key, "parked")
+	n := 0
+	for start := time.Now(); time.Since(start) < 3*room.TTL; n++ {
+		if err := s.Park(ctx, key, 1, "p"+strconv.Itoa(n), room, semaphore.WithNewToken()); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(room.TTL / 10) // the pace of the backlog, not a wait for anything
+	}
+	if got := srv.Client().ZCard(ctx, parked).Val(); got != int64(n) {
+		t.Fatalf("%d tokens parked over %v, the parked key holds %d", n, 3*room.TTL, got)
+	}
+	if ttl := srv.Client().PTTL(ctx, parked).Val(); ttl <= 0 {
+		t.Fatalf("the parked key's TTL is %v, want at most the room's", ttl)
 	}
 	if err := holder.Permit.Release(ctx); err != nil {
 		t.Fatal(err)
