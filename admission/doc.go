@@ -29,7 +29,7 @@
 //     in line goes to it in memory and moves with one call of
 //     handover.lua (semaphore/handover.go).
 //   - A cap that is full, tasks through the producer (S5, S10): about 70
-//     commands a task in all at 1 process, 77 at 20, asynq's included
+//     commands a task in all at 1 process, 75 at 20, asynq's included
 //     (about 20 of them: the enqueue, one dequeue and a quarter of an
 //     empty one, done). Per task: the producer's park (4 commands inside
 //     one script call: its arrival, and whether tokens are parked ahead
