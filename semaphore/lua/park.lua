@@ -13,15 +13,15 @@ local now, t = clock()
 noteRoom(a, now)
 local nowus = micros(t)
 local arrival, fresh = arrivalOf(a.token, nowus, a)
-park(a.token, arrival, a.new == '1')
+local freed = park(a.token, arrival, a.new == '1')
 if fresh then noteShare(a, a.token, arrival, nowus) end
--- A token with others parked ahead of it lets nobody out: they were left
--- parked because no place was free, and each call that frees one lets
--- them out (a place that lapses, or a capacity raised, waits for the
--- sweep, admit.lua). Nor does it renew the parked key's TTL, which the
--- key had since it was made, and which noteRoom renews. A backlog parks
--- at 4 commands a task, where admit took 8.
-if redis.call('ZRANK', KEYS[5], a.token) > 0 then return {'woken', {}} end
+-- A token with others parked ahead of it, that gave up no place, lets
+-- nobody out: they were left parked because no place was free, and each
+-- call that frees one lets them out (a place that lapses, or a capacity
+-- raised, waits for the sweep, admit.lua). Nor does it renew the parked
+-- key's TTL, which the key had since it was made, and which noteRoom
+-- renews. A backlog parks at 4 commands a task, where admit took 8.
+if not freed and redis.call('ZRANK', KEYS[5], a.token) > 0 then return {'woken', {}} end
 redis.call('PEXPIRE', KEYS[5], a.keyttl)
 local woken, placed = {}, 0
 if a.wake == '1' then woken, placed = admit(now, math.max(tonumber(a.capacity) - liveHolders(now), 0)) end

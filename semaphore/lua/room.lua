@@ -295,17 +295,19 @@ end
 
 -- park puts a token among the parked with its arrival, out of any slot
 -- and place (its wait in a slot ended, or it never had one: new, and in
--- none of them).
+-- none of them). It reports whether the token gave up a place.
 local function park(token, arrival, new)
   if new then
     redis.call('ZADD', KEYS[5], 'NX', arrival, token)
-    return
+    return false
   end
   redis.call('ZREM', KEYS[2], token)
   redis.call('HDEL', KEYS[3], token)
-  if redis.call('ZREM', KEYS[6], token) > 0 then redis.call('HDEL', KEYS[7], token) end
+  local placed = redis.call('ZREM', KEYS[6], token) > 0
+  if placed then redis.call('HDEL', KEYS[7], token) end
   redis.call('ZREM', KEYS[9], token)
   redis.call('ZADD', KEYS[5], 'NX', arrival, token)
+  return placed
 end
 
 -- goneAfter is how long, in ms, a process's presence may have lapsed
