@@ -221,6 +221,42 @@ func TestCapOverrideAppliesFleetWide(t *testing.T) {
 	noneArchivedIn(t, srv)
 }
 
+// TestRestoredTemplateCapLetsOutWhatAProducerParked: an operator pauses a
+// template cap (capacity 0 on the template) while a producer enqueues a
+// tenant's tasks, which it parks in the rendered key's room, and restores
+// it. No worker ever took one of those tasks, so none of them knew the
+// room; the producer notes it as it parks the first task in it, and the
+// workers' sweep reads the notes: the tasks run within seconds of the
+// restore, not at their safety net (parked_retry, 10 s here; a minute by
+// default). Before, they waited for it: found pausing and restoring
+// tenant:{tenant_id} with the admin API beside the enqueue command.
+func TestRestoredTemplateCapLetsOutWhatAProducerParked(t *testing.T) {
+	const tasks = 4
+	srv := redistest.Start(t)
+	yaml := rateFleetYAML(srv.URL(), 4, "    semaphore: {key: \"tenant:{tenant}\", capacity: 1, ttl: 10s}\n")
+	log := newStartLog()
+	ws := startWorkers(t, 1, yaml, map[string]asynq.HandlerFunc{"job": log.handler(0, nil)})
+	api := serveAPI(t, ws[0])
+	api.put(t, "/api/semaphores/tenant:%7Btenant%7D/capacity", `{"capacity": 0}`)
+	p := newProducer(t, yaml, "job")
+	enqueued := time.Now()
+	enqueueJobs(t, p, tasks, func(int) string { return `{"tenant":"acme"}` })
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	parked := "fleetcap:sem:{tenant:acme}:parked"
+	waitfor.Condition(t, 5*time.Second, "the producer parked every task", func() bool {
+		return srv.Client().ZCard(context.Background(), parked).Val() == tasks
+	})
+	if n := log.done() + int(log.running.Load()); n != 0 {
+		t.Fatalf("%d tasks ran while the cap was paused", n)
+	}
+	restored := api.del(t, "/api/semaphores/tenant:%7Btenant%7D/capacity")
+	waitfor.Condition(t, 4*time.Second, "every task runs within 4 s of the restore", func() bool { return log.done() == tasks })
+	t.Logf("every task ran %s after the restore, %s after the enqueue", time.Since(restored).Round(time.Millisecond), time.Since(enqueued).Round(time.Millisecond))
+	noneArchivedIn(t, srv)
+}
+
 // adminAPI is a worker's monitoring server, reached with the admin token.
 type adminAPI struct{ url string }
 

@@ -37,9 +37,11 @@ import (
 // no call to Redis either way. The Gate brings the tasks of the rooms it
 // parked in back while it is open, one process per room at a time
 // (ratelimit.DutyLease); the workers look into the rooms of plain keys
-// every SweepInterval, and into those of rendered keys that a Gate noted
-// as it parked a task in them while empty (ratelimit.NoteRoom), so that
-// tasks a producer left behind are brought back.
+// every SweepInterval, and into those of rendered keys (caps' and rate
+// limits') that a Gate noted as it parked a task in them first
+// (ratelimit.NoteRoom), so that tasks a producer left behind are brought
+// back: a template's cap paused and restored lets them out at once, as do
+// places that lapse.
 type Gate struct {
 	cfg   *config.Config
 	table *Table
@@ -181,7 +183,11 @@ func (r Route) Header() (string, string) { return WaitsForHeader, r.limit.Key }
 func (r Route) Park(ctx context.Context) error {
 	l := &r.limit
 	if l.Kind == KindCap {
-		return r.g.sem.Park(ctx, l.Key, l.Capacity, r.token, capRoom(l, r.g.cfg.Worker.ParkedRetry), l.tokenOptions(r.fresh)...)
+		first, err := r.g.sem.Park(ctx, l.Key, l.Capacity, r.token, capRoom(l, r.g.cfg.Worker.ParkedRetry), l.tokenOptions(r.fresh)...)
+		if err == nil && first && l.Template != "" {
+			r.g.adm.noteRoom(ctx, *l)
+		}
+		return err
 	}
 	n, err := r.g.adm.parkToken(ctx, *l, r.token, r.fresh)
 	if err == nil {

@@ -539,13 +539,18 @@ func (a *Admitter) parkToken(ctx context.Context, r Limit, token string, fresh b
 	n, err := park(ctx, r.Key, token, 3*a.ParkedRetry)
 	a.rateWakes.watch(a, r, err == nil && n == 1)
 	if err == nil && n == 1 && r.Template != "" {
-		// The room of a rendered key: workers that never parked in it
-		// learn of it from the note (see Sweep).
-		if nerr := a.Limiter.NoteRoom(ctx, r.Template, r.Key, 3*a.ParkedRetry); nerr != nil {
-			a.Logger.Warn("worker: note a rate limit's room for the workers (its tasks come back after their delay)", "key", r.Key, "err", nerr)
-		}
+		a.noteRoom(ctx, r)
 	}
 	return n, err
+}
+
+// noteRoom notes the room of l, a limit whose key is rendered from a
+// template, that took a task while empty: workers that never parked in it
+// learn of it from the note (see Sweep), and bring its tasks back.
+func (a *Admitter) noteRoom(ctx context.Context, l Limit) {
+	if err := a.Limiter.NoteRoom(ctx, l.Template, l.Key, 3*a.ParkedRetry); err != nil {
+		a.Logger.Warn("worker: note a waiting room for the workers (its tasks come back after their delay)", "key", l.Key, "err", err)
+	}
 }
 
 // Run runs h holding the task's seats, and releases them after. A task

@@ -170,11 +170,12 @@ func (r *roomKeys) list(within time.Duration) []Limit {
 }
 
 // watchNotedRooms watches the rooms of rendered rate-limit keys noted
-// since the last sweep (ratelimit.NoteRoom), and lists their keys for
-// monitoring; the first sweep looks back as far as a room lives.
+// since the last sweep (ratelimit.NoteRoom), sweeps those of rendered cap
+// keys from now on (knownCaps), and lists their keys for monitoring; the
+// first sweep looks back as far as a room lives.
 func (a *Admitter) watchNotedRooms(ctx context.Context) {
-	templates := a.Table.Templates(KindRate)
-	if len(templates) == 0 {
+	templates, caps := a.Table.Templates(KindRate), a.Table.Templates(KindCap)
+	if len(templates)+len(caps) == 0 {
 		return
 	}
 	lives := 3 * a.ParkedRetry
@@ -191,6 +192,13 @@ func (a *Admitter) watchNotedRooms(ctx context.Context) {
 		if spec, ok := templates[r.Template]; ok && spec.Matches(r.Key) {
 			a.recentRates.touch(r.Key, r.Template, 0) // listed for monitoring, as if a task of it had come
 			a.rateWakes.watch(a, Limit{Spec: spec, Key: r.Key, Template: r.Template}, false)
+		}
+		if spec, ok := caps[r.Template]; ok && spec.Matches(r.Key) {
+			// Swept from now on (knownCaps), as if this process had parked
+			// a task in it, and listed for monitoring.
+			l := Limit{Spec: spec, Key: r.Key, Template: r.Template}.Resized(a.Sizes)
+			a.rooms.note(&l)
+			a.recentCaps.touch(l.Key, l.Template, l.Capacity)
 		}
 		a.notedSince.Store(max(a.notedSince.Load(), r.At))
 	}

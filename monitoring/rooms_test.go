@@ -54,7 +54,7 @@ func (f *fixture) enqueueToWait(t *testing.T, key string, capacity int, token st
 	if err != nil || placed {
 		t.Fatalf("reserve %s for %s: %v, %v; want no place", key, token, placed, err)
 	}
-	if err := f.sem.Park(ctx, key, capacity, token, testRoom); err != nil {
+	if _, err := f.sem.Park(ctx, key, capacity, token, testRoom); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -242,7 +242,7 @@ func TestFairValuesAndWeightedSeatsOnTheAPI(t *testing.T) {
 	}
 	f.hold(t, "hooks", 3, 1, "light")
 	for i, value := range []string{"acme", "acme", "acme", "globex", "acme", "globex", "initech"} {
-		if err := f.sem.Park(ctx, "hooks", 3, fmt.Sprintf("default\x00t%d", i), testRoom, semaphore.WithShare(value, 1)); err != nil {
+		if _, err := f.sem.Park(ctx, "hooks", 3, fmt.Sprintf("default\x00t%d", i), testRoom, semaphore.WithShare(value, 1)); err != nil {
 			t.Fatal(err)
 		}
 	}

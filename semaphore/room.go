@@ -254,22 +254,28 @@ func (s *Service) Reserve(ctx context.Context, key string, permits int, token st
 // queue, not in a slot, until a place frees for it (a token that stood by
 // or stepped aside goes back with its arrival). When a place is free now,
 // the token is let out at once, to Options.OnWake like the others. Of
-// opts, WithShare places a new token on a fair key.
-func (s *Service) Park(ctx context.Context, key string, permits int, token string, room Room, opts ...AcquireOption) error {
+// opts, WithShare places a new token on a fair key. It reports whether
+// the token is first in line among the parked (nobody parked is ahead of
+// it), as in a room that had nobody parked.
+func (s *Service) Park(ctx context.Context, key string, permits int, token string, room Room, opts ...AcquireOption) (first bool, err error) {
 	if err := s.checkRoomCall(key, permits, token, room); err != nil {
-		return err
+		return false, err
 	}
 	cfg, err := s.lineConfig(key, permits, opts)
 	if err != nil {
-		return err
+		return false, err
 	}
 	args := append(room.args(), "token", token, "capacity", permits)
 	rep, err := s.runNamed(ctx, parkScript, s.keysFor(key), s.settleArgs(key, append(args, cfg.lineArgs()...)...)...)
 	if err != nil {
-		return fmt.Errorf("semaphore: park on %q: %w", key, err)
+		return false, fmt.Errorf("semaphore: park on %q: %w", key, err)
 	}
 	s.passOn(key, rep, time.Time{})
-	return nil
+	n, err := rep.int("first")
+	if err != nil {
+		return false, fmt.Errorf("semaphore: park on %q: %w", key, err)
+	}
+	return n == 1, nil
 }
 
 // Dismiss takes token out of key's waiting room for good (its task no

@@ -215,7 +215,7 @@ func TestRoomPlaces(t *testing.T) {
 	}
 	// a's wait runs out: back to the room, ahead of b; its place goes to
 	// the first in the room, a itself.
-	if err := s.Park(ctx, key, 1, "a", room); err != nil {
+	if _, err := s.Park(ctx, key, 1, "a", room); err != nil {
 		t.Fatal(err)
 	}
 	if token := woken.next(t); token != "a" {
@@ -244,7 +244,7 @@ func TestRoomPlaces(t *testing.T) {
 	if ok, err := s.Reserve(ctx, key, 1, "c", room); err != nil || ok {
 		t.Fatalf("Reserve with every place taken = %v, %v", ok, err)
 	}
-	if err := s.Park(ctx, key, 1, "c", room); err != nil {
+	if _, err := s.Park(ctx, key, 1, "c", room); err != nil {
 		t.Fatal(err)
 	}
 	woken.none(t)
@@ -293,7 +293,7 @@ func TestNewTokensWaitInArrivalOrder(t *testing.T) {
 		if ok, err := s.Reserve(ctx, key, 1, token, room, semaphore.WithNewToken()); err != nil || ok {
 			t.Fatalf("Reserve %s with the only place taken = %v, %v", token, ok, err)
 		}
-		if err := s.Park(ctx, key, 1, token, room, semaphore.WithNewToken()); err != nil {
+		if _, err := s.Park(ctx, key, 1, token, room, semaphore.WithNewToken()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -327,7 +327,7 @@ func TestParkedBacklogOutlivesTheRoomTTL(t *testing.T) {
 	parked := storeKey(key, "parked")
 	n := 0
 	for start := time.Now(); time.Since(start) < 3*room.TTL; n++ {
-		if err := s.Park(ctx, key, 1, "p"+strconv.Itoa(n), room, semaphore.WithNewToken()); err != nil {
+		if _, err := s.Park(ctx, key, 1, "p"+strconv.Itoa(n), room, semaphore.WithNewToken()); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(room.TTL / 10) // the pace of the backlog, not a wait for anything

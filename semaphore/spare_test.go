@@ -420,7 +420,7 @@ func TestSpareSeatsComeBackForAParkedTask(t *testing.T) {
 	if n := used(t, a, key); n != capacity {
 		t.Fatalf("used seats = %d, want the key full (%d)", n, capacity)
 	}
-	if err := b.Park(context.Background(), key, capacity, "parked", roomOf(0)); err != nil {
+	if _, err := b.Park(context.Background(), key, capacity, "parked", roomOf(0)); err != nil {
 		t.Fatal(err)
 	}
 	woken.none(t)

@@ -105,7 +105,7 @@ func TestOneSlotPerKeyOnACluster(t *testing.T) {
 		if _, err := sem.Acquire(ctx, key, 1, semaphore.WithHolder("h")); err != nil {
 			t.Fatalf("key %q: Acquire: %v", key, err)
 		}
-		if err := sem.Park(ctx, key, 1, "q\x00task", room); err != nil {
+		if _, err := sem.Park(ctx, key, 1, "q\x00task", room); err != nil {
 			t.Fatalf("key %q: Park: %v", key, err)
 		}
 		if _, err := lim.Take(ctx, key, limit, 1); err != nil {

@@ -6,7 +6,8 @@
 -- ARGV, name/value pairs: token, capacity, budget, transit, keyttl, wake,
 --   share, shareweight, new, prefix, key (see acquire.lua)
 --
--- Reply, name/value pairs: woken (tokens let out).
+-- Reply, name/value pairs: woken (tokens let out), first (1 when the
+-- token is first in line among the parked).
 
 local a = args()
 local now, t = clock()
@@ -21,7 +22,8 @@ if fresh then noteShare(a, a.token, arrival, nowus) end
 -- raised, waits for the sweep, admit.lua). Nor does it renew the parked
 -- key's TTL, which the key had since it was made, and which noteRoom
 -- renews. A backlog parks at 4 commands a task, where admit took 8.
-if not freed and redis.call('ZRANK', KEYS[5], a.token) > 0 then return {'woken', {}} end
+local rank = redis.call('ZRANK', KEYS[5], a.token)
+if not freed and rank > 0 then return {'woken', {}, 'first', 0} end
 redis.call('PEXPIRE', KEYS[5], a.keyttl)
 local woken, placed = {}, 0
 if a.wake == '1' then woken, placed = admit(now, math.max(tonumber(a.capacity) - liveHolders(now), 0)) end
@@ -29,4 +31,6 @@ if a.wake == '1' then woken, placed = admit(now, math.max(tonumber(a.capacity) -
 -- call that first puts a token in it: a room that held standby places
 -- before this call has none to recall.
 if placed == 0 then recallSpares(a.prefix or '', a.key or '') end
-return {'woken', woken}
+local first = 0
+if rank == 0 then first = 1 end
+return {'woken', woken, 'first', first}
