@@ -185,7 +185,7 @@ func (r Route) Park(ctx context.Context) error {
 	if l.Kind == KindCap {
 		first, err := r.g.sem.Park(ctx, l.Key, l.Capacity, r.token, capRoom(l, r.g.cfg.Worker.ParkedRetry), l.tokenOptions(r.fresh)...)
 		if err == nil && first && l.Template != "" {
-			r.g.adm.noteRoom(ctx, *l)
+			r.g.adm.noteRenderedRoom(ctx, *l)
 		}
 		return err
 	}
