@@ -322,7 +322,11 @@ func TestParkedBacklogOutlivesTheRoomTTL(t *testing.T) {
 	ctx := context.Background()
 	key := uniqueKey(t)
 	room := roomOf(1)
-	room.TTL = 200 * time.Millisecond
+	// The renewal comes with the first park in each quarter of the TTL, so
+	// the key outlives a stall of this loop of up to half a TTL (200 ms)
+	// on a loaded machine; the first park's own TTL alone lapses in the
+	// second TTL.
+	room.TTL = 400 * time.Millisecond
 	holder := fillWithOneStandingBy(t, s, key, room)
 	parked := storeKey(key, "parked")
 	n := 0
@@ -330,7 +334,7 @@ func TestParkedBacklogOutlivesTheRoomTTL(t *testing.T) {
 		if _, err := s.Park(ctx, key, 1, "p"+strconv.Itoa(n), room, semaphore.WithNewToken()); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(room.TTL / 10) // the pace of the backlog, not a wait for anything
+		time.Sleep(room.TTL / 20) // the pace of the backlog, not a wait for anything
 	}
 	if got := srv.Client().ZCard(ctx, parked).Val(); got != int64(n) {
 		t.Fatalf("%d tokens parked over %v, the parked key holds %d", n, 3*room.TTL, got)
