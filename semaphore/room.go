@@ -71,6 +71,7 @@ type Entry struct {
 	w          *waiter
 	key, token string
 	holdsPlace bool // the token holds a standby place until Settle or StepAside
+	room       Room // the room it entered, whose settings Settle lets the next token out with
 	fair       bool // it entered with a share value (WithShare)
 }
 
@@ -83,11 +84,11 @@ func (e *Entry) Settle(ctx context.Context) error {
 		return nil
 	}
 	e.holdsPlace = false
-	var fair []any
+	extra := e.room.args()
 	if e.fair {
-		fair = []any{"fair", "1"} // its note of a real arrival goes too
+		extra = append(extra, "fair", "1") // its note of a real arrival goes too
 	}
-	return e.s.tokenCall(ctx, settleScript, "settle on", e.key, e.token, fair...)
+	return e.s.tokenCall(ctx, settleScript, "settle on", e.key, e.token, extra...)
 }
 
 // HoldsPlace reports whether the Entry's token still holds a standby place
@@ -122,7 +123,7 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 		return nil, err
 	}
 	cfg.roomTTL = room.TTL
-	e := &Entry{s: s, key: key, token: token, fair: cfg.share != ""}
+	e := &Entry{s: s, key: key, token: token, fair: cfg.share != "", room: room}
 	_, err = s.observed(ctx, key, permits, func(ctx context.Context) (*Permit, int, error) {
 		if s.isClosed() {
 			return nil, 0, &AcquisitionError{Key: key, Reason: ReasonShutdown, Err: ErrClosed}

@@ -1,16 +1,21 @@
 -- settle.lua: a task that held a standby place took its seat and starts:
 -- its token leaves the room (its place goes to the next token, let out in
--- the same call), unless it waits for the key again meanwhile.
+-- the same call), unless it waits for the key again meanwhile. It frees a
+-- place and no seat, so it gives no seat and lets out no token for free
+-- seats: the calls that free seats do (release, leave, the sweep).
 --
 -- KEYS: those of room.lua
 -- ARGV, name/value pairs: token, wake, channel, prefix, key, fair ('1':
 --   the token entered with a share value, so it has a note of its real
---   arrival to forget)
+--   arrival to forget), and the room's budget, transit and keyttl (see
+--   acquire.lua), which the call lets the next token out with
 --
--- Reply, name/value pairs: now, granted, woken (see acquire.lua).
+-- Reply, name/value pairs: now, granted (always empty), woken (see
+-- acquire.lua).
 
 local a = args()
-local now, t = clock()
+local now = clock()
+roomRead = {nil, a.budget, a.transit, a.keyttl}
 local left = false
 if not redis.call('ZSCORE', KEYS[2], a.token) then
   -- It took its seat, which took it out of the waiting and its slots
@@ -22,8 +27,9 @@ if not redis.call('ZSCORE', KEYS[2], a.token) then
     left = true
   end
 end
-local own, woken = settle(now, t, roomCapacity(-1), a, true)
+local woken = {}
+if a.wake == '1' then woken = admit(now, 0) end
 -- A room it leaves empty keeps no key; one that let a token out is not
 -- empty (one command less when tasks wait).
 if left and #woken == 0 and not occupied() then dropRoom() end
-return {'now', now, 'granted', own, 'woken', woken}
+return {'now', now, 'granted', {}, 'woken', woken}
