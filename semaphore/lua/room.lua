@@ -351,7 +351,6 @@ local function grant(now, t, free, mine, prefix, key, before)
     else
       local channel, id, ttl, capacity, seats, label = string.match(info, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
       seats = tonumber(seats)
-      local presence = tonumber(redis.call('ZSCORE', KEYS[4], channel) or '0')
       local fits = free >= seats
       if free < 0 then
         -- The caller does not know the capacity: the waiter's own says
@@ -362,7 +361,10 @@ local function grant(now, t, free, mine, prefix, key, before)
         blocked = true
         break
       end
-      if channel ~= mine and presence <= now then
+      -- (The caller's own process is here: its presence is not looked up.)
+      local presence = nil
+      if channel ~= mine then presence = tonumber(redis.call('ZSCORE', KEYS[4], channel) or '0') end
+      if presence and presence <= now then
         -- Its process has not been heard of lately: it may be slow, or
         -- gone. The seat goes to the next; a process gone for good
         -- (goneAfter) has its waiters dropped.
