@@ -150,6 +150,14 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 			spare = member(randomID(), "spare:"+s.id)
 			extra = append(extra, "spare", want, "sparemember", spare)
 		}
+		renew := !s.presenceFresh(key)
+		if !renew {
+			extra = append(extra, "presence", "0")
+		}
+		if s.earliestArmed(key) {
+			extra = append(extra, "armed", "1")
+		}
+		sent := time.Now()
 		p, rep, err := s.ask(req, e.w, "enter", extra...)
 		if err != nil {
 			s.remove(e.w)
@@ -164,6 +172,9 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 			s.remove(e.w)
 		} else {
 			s.waitsHere(e.w)
+			if renew {
+				s.presentSince(key, sent)
+			}
 			s.setEarliest(key, rep)
 			return nil, 1, errStandingBy // not a failure: observed as OutcomeStandby
 		}

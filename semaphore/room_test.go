@@ -478,3 +478,46 @@ func TestLapsedPlaceParksWithATTL(t *testing.T) {
 		t.Fatalf("the parked key's TTL is %v, want the room's", ttl)
 	}
 }
+
+// TestPresenceStaysCurrentWhileEntersSkipIt: a task that stands by leaves
+// the process's presence in the room alone when the process renewed it
+// lately (its recheck loop renews it while tasks stand by there); the
+// presence must stay current all along, or the seats of other processes'
+// releases would pass its tasks over.
+func TestPresenceStaysCurrentWhileEntersSkipIt(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	key := uniqueKey(t)
+	room := roomOf(1000)
+	holder := enter(t, newService(t, srv.Client()), key, 1, "holder", room)
+	if holder.Permit == nil {
+		t.Fatal("no seat for the first task")
+	}
+	s := newService(t, srv.Client())
+	rdb := srv.Client()
+	deadline := time.Now().Add(4 * time.Second) // beyond the presence's 3 s
+	for i := 0; time.Now().Before(deadline); i++ {
+		if e := enter(t, s, key, 1, "task-"+strconv.Itoa(i), room); !e.Standby {
+			t.Fatalf("task %d has no standby place", i)
+		}
+		now, err := rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		procs, err := rdb.ZRangeWithScores(ctx, storeKey(key, "procs"), 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(procs) != 1 {
+			t.Fatalf("after %d enters, %d processes present, want 1", i+1, len(procs))
+		}
+		if lapse := time.UnixMilli(int64(procs[0].Score)); !lapse.After(now) {
+			t.Fatalf("after %d enters over %v the process's presence lapsed at %v (server now %v)",
+				i+1, 4*time.Second-time.Until(deadline), lapse.Format(time.StampMilli), now.Format(time.StampMilli))
+		}
+		time.Sleep(50 * time.Millisecond) // the pace of tasks coming to their slots
+	}
+	if err := holder.Permit.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -96,6 +96,50 @@ type keyWaits struct {
 	// (handover.go).
 	line  []string
 	clear bool
+	// presentAt is when the last call that renewed this process's
+	// presence in the key's room was sent (see presenceFresh).
+	presentAt time.Time
+}
+
+// presenceFresh reports whether this process renewed its presence in
+// key's room lately (within a third of presenceTTL, by a recheck or an
+// enter): an enter that stands by then leaves the presence alone, as the
+// recheck loop, which runs while the key has waiters here, renews it
+// well within presenceTTL.
+func (s *Service) presenceFresh(key string) bool {
+	r := &s.waits
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	kw := r.keys[key]
+	return kw != nil && !kw.presentAt.IsZero() && time.Since(kw.presentAt) < presenceTTL/3
+}
+
+// earliestArmed reports whether key's recheck loop here waits for a
+// lease expiry still to come: an enter that stands by need not ask for
+// the soonest one. A lease granted since with an earlier expiry (a
+// shorter lease TTL on the same key) that lapses is found by that
+// recheck, or by the workers' sweep (admit.lua), whichever comes first.
+func (s *Service) earliestArmed(key string) bool {
+	now, known := s.clock.now()
+	if !known {
+		return false
+	}
+	r := &s.waits
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	kw := r.keys[key]
+	return kw != nil && kw.looping && !kw.earliest.IsZero() && kw.earliest.After(time.UnixMicro(now))
+}
+
+// presentSince notes that a call sent at sent renewed this process's
+// presence in key's room.
+func (s *Service) presentSince(key string, sent time.Time) {
+	r := &s.waits
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if kw := r.keys[key]; kw != nil && sent.After(kw.presentAt) {
+		kw.presentAt = sent
+	}
 }
 
 // waitRegistry holds a Service's waiters, its keys' recheck loops, and its
@@ -368,6 +412,9 @@ func (s *Service) afterRecheck(key string, kw *keyWaits, rep reply, sent time.Ti
 	defer r.mu.Unlock()
 	if asked >= 0 && r.heard && r.subSeq == asked {
 		kw.missed = false
+	}
+	if sent.After(kw.presentAt) {
+		kw.presentAt = sent
 	}
 	kw.earliest = time.Time{}
 	if earliest > 0 {

@@ -28,6 +28,11 @@
 --   channel   the asker's process; prefix: the channels' prefix; key: the
 --             semaphore's key, named in seat messages
 --   procttl   ms the process's presence lasts (join, enter, recheck)
+--   armed     enter: '1' when the process's recheck of the key waits
+--             for a lease expiry still to come (see earliestArmed): the
+--             reply's earliest is not looked up
+--   presence  enter: '0' when the process renewed its presence in the
+--             key's room lately, so the call need not
 --   wake      '1' when the caller brings tokens let out back (OnWake)
 --   budget, hold, transit, keyttl   the room (enter, reserve): standby
 --             places; ms a place held from a slot lasts; ms a place waits
@@ -198,9 +203,13 @@ elseif mode == 'enter' or mode == 'reserve' then
       -- It waits in its slot for the next seat.
       redis.call('ZADD', KEYS[2], arrival, token)
       redis.call('HSET', KEYS[3], token, slot(a))
-      redis.call('ZADD', KEYS[4], now + tonumber(a.procttl), a.channel)
       for i = 2, 3 do redis.call('PEXPIRE', KEYS[i], a.keyttl) end
-      redis.call('PEXPIRE', KEYS[4], tonumber(a.procttl) * 2)
+      -- The process's presence, unless it renewed it lately (presence
+      -- '0': its rechecks renew it, see presenceFresh).
+      if a.presence ~= '0' then
+        redis.call('ZADD', KEYS[4], now + tonumber(a.procttl), a.channel)
+        redis.call('PEXPIRE', KEYS[4], tonumber(a.procttl) * 2)
+      end
     end
   elseif mode == 'enter' then
     outcome = 'parked'
@@ -220,8 +229,10 @@ local earliest = 0
 -- the key full while nobody waits recalls them (so does park.lua): while
 -- somebody waits, there are none to recall.
 if outcome ~= 'seat' and not refused and not waitedFor then recallSpares(a.prefix or '', a.key or '') end
-if outcome == 'waiting' or outcome == 'standby' then
-  -- The waiter's process rechecks when the soonest lease runs out.
+if (outcome == 'waiting' or outcome == 'standby') and a.armed ~= '1' then
+  -- The waiter's process rechecks when the soonest lease runs out (unless
+  -- it knows a later one already, armed: its recheck then learns the
+  -- next).
   local e = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   if #e > 0 then earliest = tonumber(e[2]) end
 end
