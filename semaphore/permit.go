@@ -219,6 +219,9 @@ func (s *Service) release(ctx context.Context, p *Permit) (bool, error) {
 	if s.wantsHead(p.key) {
 		args = append(args, "head", "1")
 	}
+	if s.busy.Recent(p.key) {
+		args = append(args, "busy", "1") // tokens wait: release.lua need not ask
+	}
 	rep, err := s.runBatched(releaseScript, p.k, args...)
 	if err != nil {
 		return false, err

@@ -4,11 +4,12 @@
 --
 -- KEYS: those of room.lua
 -- ARGV, name/value pairs: member (the seat), seats (its weight), capacity,
---   channel, prefix,
---   key (see acquire.lua), wake ('1': the caller brings tokens let out
---   back), head ('1': the caller has waiters of the key: the reply says
---   the line's head, see lineHead); for a process's spare seats (see spare.go): spare '1', and
---   keep, the seats it keeps (the others go back; 0 or none: all)
+--   channel, prefix, key (see acquire.lua), wake ('1': the caller brings
+--   tokens let out back), busy ('1': the caller found the key busy
+--   lately), head ('1': the caller has waiters of the key: the reply says
+--   the line's head, see lineHead); for a process's spare seats (see
+--   spare.go): spare '1', and keep, the seats it keeps (the others go
+--   back; 0 or none: all)
 --
 -- Reply, name/value pairs: held (1 when the seat was still held, 0 when it
 -- was already lost), granted (tokens of the caller's channel given a seat),
@@ -30,7 +31,9 @@ else
   held = unhold(a.member, seats)
   if a.spare == '1' then redis.call('HDEL', KEYS[13], a.member) end
 end
-local own, woken, seated = settle(now, t, tonumber(a.capacity), a, false, true)
+-- A caller that found the key busy lately (busy '1': tokens wait, so it
+-- came here rather than to quick.lua) does not ask whether anybody waits.
+local own, woken, seated = settle(now, t, tonumber(a.capacity), a, a.busy == '1', true)
 if not seated and redis.call('EXISTS', KEYS[1]) == 0 then
   -- The last seat is back: the key idles, and its keys go with it (the
   -- next fence takes the server's clock for its floor, see nextFence).
