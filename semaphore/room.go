@@ -54,6 +54,26 @@ func (r Room) check() error {
 	return nil
 }
 
+// roomTold reports whether a call of this Service told key's room the
+// settings room and capacity lately (within an eighth of the room's TTL):
+// an enter of a token that holds a place, or a park behind others, need
+// not tell them again (told '1'), as a room that holds tokens keeps its
+// key, renewed four times a TTL by the calls that do tell it.
+func (s *Service) roomTold(key string, capacity int, room Room) bool {
+	return s.told.Within(roomNote(key, capacity, room), room.TTL/8)
+}
+
+// tellsRoom notes that a call of this Service told key's room room and
+// capacity just now.
+func (s *Service) tellsRoom(key string, capacity int, room Room) {
+	s.told.Mark(roomNote(key, capacity, room))
+}
+
+// roomNote names key's room with the settings it was told.
+func roomNote(key string, capacity int, room Room) string {
+	return fmt.Sprintf("%s\x00%d\x00%v", key, capacity, room.args())
+}
+
 // args are the room's arguments of a script (see acquire.lua).
 func (r Room) args() []any {
 	return []any{"budget", r.Standby, "hold", r.Hold.Milliseconds(), "transit", r.Transit.Milliseconds(), "keyttl", r.TTL.Milliseconds()}
@@ -157,6 +177,10 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 		if s.earliestArmed(key) {
 			extra = append(extra, "armed", "1")
 		}
+		told := s.roomTold(key, permits, room)
+		if told {
+			extra = append(extra, "told", "1")
+		}
 		sent := time.Now()
 		p, rep, err := s.ask(req, e.w, "enter", extra...)
 		if err != nil {
@@ -174,6 +198,9 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 			s.waitsHere(e.w)
 			if renew {
 				s.presentSince(key, sent)
+			}
+			if !told {
+				s.tellsRoom(key, permits, room)
 			}
 			s.setEarliest(key, rep)
 			return nil, 1, errStandingBy // not a failure: observed as OutcomeStandby
@@ -278,9 +305,16 @@ func (s *Service) Park(ctx context.Context, key string, permits int, token strin
 		return false, err
 	}
 	args := append(room.args(), "token", token, "capacity", permits)
+	told := s.roomTold(key, permits, room)
+	if told {
+		args = append(args, "told", "1")
+	}
 	rep, err := s.runNamed(ctx, parkScript, s.keysFor(key), s.settleArgs(key, append(args, cfg.lineArgs()...)...)...)
 	if err != nil {
 		return false, fmt.Errorf("semaphore: park on %q: %w", key, err)
+	}
+	if !told {
+		s.tellsRoom(key, permits, room)
 	}
 	s.passOn(key, rep, time.Time{})
 	n, err := rep.int("first")

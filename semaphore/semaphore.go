@@ -149,6 +149,7 @@ type Service struct {
 	waits waitRegistry  // the waiters of this Service, and their keys
 	spare spareSeats    // the spare seats it holds
 	busy  *lately.Marks // keys found with somebody waiting lately (quick.go)
+	told  *lately.Marks // rooms told their settings lately (see roomTold)
 	clock clockOffset
 }
 
@@ -193,6 +194,7 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 		waits:    newWaitRegistry(),
 		spare:    spareSeats{max: opts.SpareSeats, open: map[string]*spareBlock{}},
 		busy:     newBusyKeys(),
+		told:     &lately.Marks{For: time.Minute, Max: busyMax},
 	}, nil
 }
 

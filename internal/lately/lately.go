@@ -44,6 +44,14 @@ func (m *Marks) Forget(key string) {
 	delete(m.at, key)
 }
 
+// Within reports whether key was marked within d, and within For.
+func (m *Marks) Within(key string, d time.Duration) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	at, ok := m.at[key]
+	return ok && time.Since(at) <= min(d, m.For)
+}
+
 // Recent reports whether key was marked within For.
 func (m *Marks) Recent(key string) bool {
 	m.mu.Lock()

@@ -52,3 +52,26 @@ func TestMarksStayBounded(t *testing.T) {
 		t.Error("a marked key could not be marked again when full")
 	}
 }
+
+// TestMarksWithin runs on synctest's clock too: Within asks for a shorter
+// window than For, and never a longer one.
+func TestMarksWithin(t *testing.T) { synctest.Test(t, marksWithin) }
+
+func marksWithin(t *testing.T) {
+	m := lately.Marks{For: 50 * time.Millisecond, Max: 10}
+	if m.Within("a", time.Hour) {
+		t.Fatal("a key never marked is within an hour")
+	}
+	m.Mark("a")
+	time.Sleep(20 * time.Millisecond)
+	if !m.Within("a", 20*time.Millisecond) {
+		t.Fatal("a mark 20ms old is not within 20ms")
+	}
+	if m.Within("a", 10*time.Millisecond) {
+		t.Fatal("a mark 20ms old is within 10ms")
+	}
+	time.Sleep(31 * time.Millisecond)
+	if m.Within("a", time.Hour) {
+		t.Fatal("a mark older than For is within an hour")
+	}
+}

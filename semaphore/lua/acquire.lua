@@ -31,6 +31,9 @@
 --   armed     enter: '1' when the process's recheck of the key waits
 --             for a lease expiry still to come (see earliestArmed): the
 --             reply's earliest is not looked up
+--   told      enter: '1' when the caller's process told the room these
+--             settings lately (see roomTold): a token in its place does
+--             not tell them again (noteRoom)
 --   presence  enter: '0' when the process renewed its presence in the
 --             key's room lately, so the call need not
 --   wake      '1' when the caller brings tokens let out back (OnWake)
@@ -183,7 +186,14 @@ elseif mode == 'enter' or mode == 'reserve' then
       placed = standing < math.max(budget, free)
     end
   end
-  noteRoom(a, now)
+  if inPlace and a.told == '1' then
+    -- The caller's process told the room these settings lately, and a
+    -- room that holds a place keeps its key: whoever tells it its
+    -- settings renews it (four times a keyttl).
+    roomRead = {a.capacity, a.budget, a.transit, a.keyttl}
+  else
+    noteRoom(a, now)
+  end
   if placed then
     outcome = 'standby'
     local lease = tonumber(a.transit)

@@ -4,14 +4,13 @@
 --
 -- KEYS: those of room.lua
 -- ARGV, name/value pairs: token, capacity, budget, transit, keyttl, wake,
---   share, shareweight, new, prefix, key (see acquire.lua)
+--   share, shareweight, new, prefix, key, told (see acquire.lua)
 --
 -- Reply, name/value pairs: woken (tokens let out), first (1 when the
 -- token is first in line among the parked).
 
 local a = args()
 local now, t = clock()
-noteRoom(a, now)
 local nowus = micros(t)
 local arrival, fresh = arrivalOf(a.token, nowus, a)
 local freed = park(a.token, arrival, a.new == '1')
@@ -23,7 +22,13 @@ if fresh then noteShare(a, a.token, arrival, nowus) end
 -- key's TTL, which the key had since it was made, and which noteRoom
 -- renews. A backlog parks at 4 commands a task, where admit took 8.
 local rank = redis.call('ZRANK', KEYS[5], a.token)
-if not freed and rank > 0 then return {'woken', {}, 'first', 0} end
+if not freed and rank > 0 then
+  -- Nor does it tell the room its settings when its caller told them
+  -- lately (told '1'): a room with tokens parked keeps its key.
+  if a.told ~= '1' then noteRoom(a, now) end
+  return {'woken', {}, 'first', 0}
+end
+noteRoom(a, now)
 redis.call('PEXPIRE', KEYS[5], a.keyttl)
 local woken, placed = {}, 0
 if a.wake == '1' then woken, placed = admit(now, math.max(tonumber(a.capacity) - liveHolders(now), 0)) end
