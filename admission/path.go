@@ -199,7 +199,7 @@ func (a *Admitter) waiting(caps []Limit, delta int) {
 func (a *Admitter) take(ctx context.Context, caps, rates []Limit, token string) ([]heldSeat, *Back) {
 	var waitUntil time.Time
 	for {
-		held, back := a.takeSeats(ctx, caps, token)
+		held, back := a.takeSeats(ctx, caps, token, len(caps) == 1 && len(rates) == 0)
 		if back != nil {
 			if back.Parked {
 				a.stepAsideElsewhere(ctx, caps, back.Key, token)
@@ -233,14 +233,17 @@ func (a *Admitter) take(ctx context.Context, caps, rates []Limit, token string) 
 // while it waits: when a cap has none it gives back what it took, then
 // stands by for that cap once, or goes back to its queue parked in the
 // cap's waiting room.
-func (a *Admitter) takeSeats(ctx context.Context, caps []Limit, token string) ([]heldSeat, *Back) {
+//
+// A task with one cap and no rate limit (alone) starts as its seat comes
+// (semaphore.WithStartOnSeat).
+func (a *Admitter) takeSeats(ctx context.Context, caps []Limit, token string, alone bool) ([]heldSeat, *Back) {
 	taken := make([]heldSeat, len(caps))
 	for i := range caps {
 		taken[i].Limit = caps[i]
 	}
 	stoodBy := false
 	for {
-		stop := a.enterAll(ctx, taken, token)
+		stop := a.enterAll(ctx, taken, token, alone)
 		if stop == nil {
 			return taken, nil
 		}
@@ -319,7 +322,7 @@ type stopped struct {
 // enterAll asks each cap not held yet for a seat, the caps found full
 // lately first (see fullHints). It returns where it stopped, or nil when
 // every seat is held.
-func (a *Admitter) enterAll(ctx context.Context, taken []heldSeat, token string) *stopped {
+func (a *Admitter) enterAll(ctx context.Context, taken []heldSeat, token string, alone bool) *stopped {
 	for _, i := range a.full.order(taken) {
 		if taken[i].permit != nil {
 			continue
@@ -332,7 +335,11 @@ func (a *Admitter) enterAll(ctx context.Context, taken []heldSeat, token string)
 			// capacity is raised again.
 			permits = 0
 		}
-		e, err := a.Semaphore.Enter(ctx, l.Key, permits, token, a.room(l), a.permitOptions(ctx, l)...)
+		opts := a.permitOptions(ctx, l)
+		if alone {
+			opts = append(opts, semaphore.WithStartOnSeat())
+		}
+		e, err := a.Semaphore.Enter(ctx, l.Key, permits, token, a.room(l), opts...)
 		if err != nil {
 			return &stopped{i: i, back: a.acquireFailed(l.Key, err)}
 		}

@@ -3,6 +3,7 @@ package semaphore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -146,6 +147,7 @@ func (s *Service) passOn(key string, r reply, now time.Time) {
 		now = time.UnixMilli(ms)
 	}
 	granted := r.strings("granted")
+	settled, later := r.strings("settled"), r.strings("later")
 	for i := 0; i+2 < len(granted); i += 3 {
 		fence, err := strconv.ParseUint(granted[i+2], 10, 64)
 		if err != nil {
@@ -154,8 +156,14 @@ func (s *Service) passOn(key string, r reply, now time.Time) {
 			s.log.Error("semaphore: a grant's fence this build cannot read; the waiter rechecks for it", "key", key, "fence", granted[i+2], "err", err)
 			continue
 		}
-		if s.deliver(key, granted[i], seatMsg{member: granted[i+1], fence: fence, now: now}) {
+		m := seatMsg{member: granted[i+1], fence: fence, now: now}
+		if j := slices.Index(settled, granted[i]); j >= 0 {
+			m.settled, m.later = true, laterOf(later, j, len(settled))
+		}
+		if s.deliver(key, granted[i], m) {
 			s.localHandOvers.Add(1)
+		} else if m.settled {
+			s.woke(key, m.later) // nobody waits for that seat: nothing to wait for
 		}
 	}
 	s.woke(key, r.strings("woken"))
@@ -176,6 +184,19 @@ func (s *Service) woke(key string, tokens []string) {
 	if len(tokens) > 0 && s.onWake != nil {
 		go s.onWake(key, tokens)
 	}
+}
+
+// laterOf is the share of the tokens let out in the places of n settled
+// waiters (see release.lua) that the j-th of them hands to OnWake as it
+// starts: one each, in order, and the last takes what is left.
+func laterOf(later []string, j, n int) []string {
+	if j >= len(later) {
+		return nil
+	}
+	if j == n-1 {
+		return later[j:]
+	}
+	return later[j : j+1]
 }
 
 // seatPrefix is the prefix of the channels seats are sent on; a Service's

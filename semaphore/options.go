@@ -9,17 +9,19 @@ import (
 type AcquireOption func(*acquireConfig)
 
 type acquireConfig struct {
-	ttl         time.Duration
-	waitTimeout time.Duration // 0: wait until ctx is done
-	maxAttempts int           // 0: no cap
-	autoRenew   bool
-	holder      string
-	seats       int           // the permit's weight: seats it takes (WithWeight)
-	share       string        // its fair-share value (WithShare); "" for none
-	shareWeight int           // that value's weight
-	roomTTL     time.Duration // how long the waiting room's keys outlive a call (Enter)
-	newToken    bool          // the token was never in the room (WithNewToken)
-	err         error
+	ttl          time.Duration
+	waitTimeout  time.Duration // 0: wait until ctx is done
+	maxAttempts  int           // 0: no cap
+	autoRenew    bool
+	holder       string
+	seats        int           // the permit's weight: seats it takes (WithWeight)
+	share        string        // its fair-share value (WithShare); "" for none
+	shareWeight  int           // that value's weight
+	roomTTL      time.Duration // how long the waiting room's keys outlive a call (Enter)
+	room         *Room         // the waiting room it entered (Enter)
+	startsOnSeat bool          // its task starts as its seat comes (WithStartOnSeat)
+	newToken     bool          // the token was never in the room (WithNewToken)
+	err          error
 }
 
 // WithTTL sets the lease length; the Service's DefaultTTL otherwise.
@@ -104,6 +106,18 @@ func WithShare(value string, weight int) AcquireOption {
 		}
 		c.share, c.shareWeight = value, weight
 	}
+}
+
+// WithStartOnSeat tells Enter that the task starts as soon as its seat
+// comes, with nothing else to wait for (no other cap, no rate limit). A
+// seat that a release of this Service gives it, while every task of the
+// key waiting here is such a one, then gives up the task's standby place
+// in the same call, and the tokens let out in its place are handed to
+// OnWake when the Entry settles (Settle): one call less a task, and, as
+// with settle.lua, nobody is brought to a slot before the task leaves its
+// own.
+func WithStartOnSeat() AcquireOption {
+	return func(c *acquireConfig) { c.startsOnSeat = true }
 }
 
 // WithNewToken tells Reserve and Park that their token was never in the

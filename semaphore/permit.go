@@ -222,6 +222,14 @@ func (s *Service) release(ctx context.Context, p *Permit) (bool, error) {
 	if s.busy.Recent(p.key) {
 		args = append(args, "busy", "1") // tokens wait: release.lua need not ask
 	}
+	if r := p.cfg.room; r != nil && s.allStartOnSeat(p.key) {
+		// Its waiters here start as their seat comes: their places go on
+		// with their seats, by the settings of the room it entered.
+		args = append(append(args, "settleown", "1"), r.args()...)
+		if p.cfg.share != "" {
+			args = append(args, "fair", "1")
+		}
+	}
 	rep, err := s.runBatched(releaseScript, p.k, args...)
 	if err != nil {
 		return false, err

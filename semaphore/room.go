@@ -91,8 +91,12 @@ type Entry struct {
 	w          *waiter
 	key, token string
 	holdsPlace bool // the token holds a standby place until Settle or StepAside
-	room       Room // the room it entered, whose settings Settle lets the next token out with
-	fair       bool // it entered with a share value (WithShare)
+	// settled: the release that gave it its seat gave its place on too,
+	// and let out the tokens of later, which Settle hands to OnWake
+	settled bool
+	later   []string
+	room    Room // the room it entered, whose settings Settle lets the next token out with
+	fair    bool // it entered with a share value (WithShare)
 }
 
 // Settle gives up the token's standby place, if it holds one, once its
@@ -104,6 +108,10 @@ func (e *Entry) Settle(ctx context.Context) error {
 		return nil
 	}
 	e.holdsPlace = false
+	if e.settled {
+		e.s.woke(e.key, e.later)
+		return nil
+	}
 	extra := e.room.args()
 	if e.fair {
 		extra = append(extra, "fair", "1") // its note of a real arrival goes too
@@ -124,6 +132,12 @@ func (e *Entry) StepAside(ctx context.Context) error {
 		return nil
 	}
 	e.holdsPlace = false
+	if e.settled {
+		// Its place went on with its seat: nothing to give up, and no
+		// arrival kept (see WithStartOnSeat).
+		e.s.woke(e.key, e.later)
+		return nil
+	}
 	return e.s.StepAside(ctx, e.key, e.token)
 }
 
@@ -142,7 +156,7 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 	if err != nil {
 		return nil, err
 	}
-	cfg.roomTTL = room.TTL
+	cfg.roomTTL, cfg.room = room.TTL, &room
 	e := &Entry{s: s, key: key, token: token, fair: cfg.share != "", room: room}
 	_, err = s.observed(ctx, key, permits, func(ctx context.Context) (*Permit, int, error) {
 		if s.isClosed() {
@@ -245,6 +259,13 @@ func (e *Entry) Wait(ctx context.Context, opts ...AcquireOption) (*Permit, error
 	p, err := e.s.observed(ctx, w.req.key, w.req.capacity, func(ctx context.Context) (*Permit, int, error) {
 		return e.s.await(ctx, w, "park")
 	})
+	if later, settled := e.s.settledWith(w); settled {
+		if err != nil {
+			e.s.woke(e.key, later) // the seat went back: nothing to wait for
+		} else {
+			e.settled, e.later = true, later
+		}
+	}
 	if err != nil {
 		e.holdsPlace = false // parked: the place went on
 	}

@@ -2,6 +2,7 @@ package semaphore_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strconv"
 	"testing"
@@ -519,5 +520,73 @@ func TestPresenceStaysCurrentWhileEntersSkipIt(t *testing.T) {
 	}
 	if err := holder.Permit.Release(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestStartOnSeatGivesThePlaceOnWithTheSeat: a task that starts as its seat
+// comes (WithStartOnSeat), given the seat by a release of its own Service,
+// gives its standby place on in that release: the next token holds the
+// place when the seat arrives, Settle makes no call of its own, and the
+// token is brought back only once the task settles (it left its slot's
+// wait). A fair key's note of its real arrival goes too. Without the
+// option the place waits for Settle.
+func TestStartOnSeatGivesThePlaceOnWithTheSeat(t *testing.T) {
+	for _, starts := range []bool{true, false} {
+		t.Run(fmt.Sprint("starts=", starts), func(t *testing.T) {
+			srv := redistest.Start(t)
+			woken := make(wakeLog, 10)
+			s := newService(t, srv.Client(), woken.option)
+			ctx := context.Background()
+			key := uniqueKey(t)
+			room := roomOf(1)
+			rdb := srv.Client()
+			opts := func(token string) []semaphore.AcquireOption {
+				o := []semaphore.AcquireOption{semaphore.WithHolder(token), semaphore.WithShare("tenant-"+token, 1)}
+				if starts {
+					o = append(o, semaphore.WithStartOnSeat())
+				}
+				return o
+			}
+			enterAs := func(token string) *semaphore.Entry {
+				t.Helper()
+				e, err := s.Enter(ctx, key, 1, token, room, opts(token)...)
+				if err != nil {
+					t.Fatalf("Enter %s: %v", token, err)
+				}
+				return e
+			}
+			first, standing, parked := enterAs("t0"), enterAs("t1"), enterAs("t2")
+			if first.Permit == nil || !standing.Standby || parked.Permit != nil || parked.Standby {
+				t.Fatalf("t0 %v, t1 standby %v, t2 %v/%v: want a seat, a standby place and the room", first.Permit, standing.Standby, parked.Permit, parked.Standby)
+			}
+			p := seatFrom(t, s, key, standing, first.Permit)
+			defer func() { _ = p.Release(ctx) }()
+			places := rdb.ZRange(ctx, storeKey(key, "places"), 0, -1).Val()
+			want := []string{"t1"}
+			if starts {
+				want = []string{"t2"}
+			}
+			if !slices.Equal(places, want) {
+				t.Fatalf("places %q once t1 has its seat, want %q", places, want)
+			}
+			if starts {
+				woken.none(t) // not before t1 settles
+				if notes := rdb.HKeys(ctx, storeKey(key, "reals")).Val(); !slices.Equal(notes, []string{"t2"}) {
+					t.Fatalf("real arrivals noted for %q once t1's place went on, want t2 alone", notes)
+				}
+			}
+			if !standing.HoldsPlace() {
+				t.Fatal("t1's Entry holds no place before Settle")
+			}
+			if err := standing.Settle(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if got := woken.next(t); got != "t2" {
+				t.Fatalf("let out %q after t1 settled, want t2", got)
+			}
+			if places := rdb.ZRange(ctx, storeKey(key, "places"), 0, -1).Val(); !slices.Equal(places, []string{"t2"}) {
+				t.Fatalf("places %q after t1 settled, want t2", places)
+			}
+		})
 	}
 }

@@ -44,6 +44,10 @@ type seatMsg struct {
 	fence   uint64
 	now     time.Time
 	pending *pendingFence // a seat handed over in memory: its move is on the wire (handover.go)
+	// settled: the release gave the waiter's standby place on too, and let
+	// out the tokens of later in its place (see WithStartOnSeat)
+	settled bool
+	later   []string
 }
 
 // waiter is one wait of this Service for a seat of key.
@@ -57,6 +61,8 @@ type waiter struct {
 	attempts int          // store calls made on its behalf; guarded by the registry's mu
 	joined   bool         // its token is among the waiting (its first call said so); guarded by mu
 	done     bool         // given a seat or gone: no second delivery; guarded by mu
+	settled  bool         // its seat came with its place given on (seatMsg.settled); guarded by mu
+	later    []string     // the tokens let out in its place then; guarded by mu
 	fail     error
 	// Waiting behind (behind.go), guarded by mu: behind while it waits in
 	// this process only, with its arrival since (server µs); inRoom once
@@ -91,6 +97,7 @@ type keyWaits struct {
 	joined   int       // its waiters whose tokens were sent to the room, still waiting
 	behind   []*waiter // its waiters behind them, in arrival order (behind.go)
 	acquires int       // its waiters that are Acquire calls (not tasks standing by)
+	others   int       // its waiters that do not start as their seat comes (WithStartOnSeat)
 	// The line's first waiting tokens, and whether no task waits in the
 	// room, by the last reply that said, less those handed seats since
 	// (handover.go).
@@ -179,6 +186,9 @@ func (s *Service) add(w *waiter) {
 	if w.isAcquire() {
 		kw.acquires++
 	}
+	if !w.req.cfg.startsOnSeat {
+		kw.others++
+	}
 }
 
 // isAcquire reports whether w is an Acquire call (tasks' tokens are their
@@ -256,6 +266,9 @@ func (r *waitRegistry) removeLocked(w *waiter) (promote bool) {
 			if w.isAcquire() {
 				kw.acquires--
 			}
+			if !w.req.cfg.startsOnSeat {
+				kw.others--
+			}
 			if kw.n--; kw.n == 0 && !kw.looping {
 				delete(r.keys, w.req.key)
 			}
@@ -291,8 +304,27 @@ func (s *Service) deliver(key, token string, m seatMsg) bool {
 		return false
 	}
 	w.done = true
+	w.settled, w.later = m.settled, m.later
 	w.seat <- m
 	return true
+}
+
+// settledWith reports whether w's seat came with its standby place given
+// on, and the tokens let out in its place (see WithStartOnSeat).
+func (s *Service) settledWith(w *waiter) ([]string, bool) {
+	s.waits.mu.Lock()
+	defer s.waits.mu.Unlock()
+	return w.later, w.settled
+}
+
+// allStartOnSeat reports whether every waiter of key here starts as its
+// seat comes (WithStartOnSeat), so that a release may give their places
+// on with their seats.
+func (s *Service) allStartOnSeat(key string) bool {
+	s.waits.mu.Lock()
+	defer s.waits.mu.Unlock()
+	kw := s.waits.keys[key]
+	return kw == nil || kw.others == 0
 }
 
 // failKey ends every wait of key with err (the store failed).

@@ -9,10 +9,14 @@
 --   lately), head ('1': the caller has waiters of the key: the reply says
 --   the line's head, see lineHead); for a process's spare seats (see
 --   spare.go): spare '1', and keep, the seats it keeps (the others go
---   back; 0 or none: all)
+--   back; 0 or none: all); settleown ('1': the caller's waiters start as
+--   their seat comes), with the room's budget, transit and keyttl, and
+--   fair ('1': the key's tokens have notes of their real arrival)
 --
 -- Reply, name/value pairs: held (1 when the seat was still held, 0 when it
 -- was already lost), granted (tokens of the caller's channel given a seat),
+-- settled (those of them whose standby place went on), later (the tokens
+-- let out in their places, for them to bring back as they start),
 -- woken (tokens let out), and with head '1', head and clear.
 
 local a = args()
@@ -33,13 +37,31 @@ else
 end
 -- A caller that found the key busy lately (busy '1': tokens wait, so it
 -- came here rather than to quick.lua) does not ask whether anybody waits.
+if a.budget then roomRead = {a.capacity, a.budget, a.transit, a.keyttl} end
 local own, woken, seated = settle(now, t, tonumber(a.capacity), a, a.busy == '1', true)
+-- The tasks of the caller's process given a seat start as they get it
+-- (settleown '1', see WithStartOnSeat): their standby places go on now, as
+-- settle.lua would once they start, one call less a task. The tokens let
+-- out in their places (later) are brought to a slot only once those tasks
+-- leave theirs (their Entry's Settle), so that a task given its seat and
+-- not started yet never stands beside the next in the budget. A seat sent
+-- to another process leaves its place to that process's settle.lua.
+local settled, later = {}, {}
+if a.settleown == '1' then
+  for i = 1, #own, 3 do
+    if unplace(own[i]) then
+      forgetNotes(own[i], true, a.fair ~= '1')
+      settled[#settled + 1] = own[i]
+    end
+  end
+  if #settled > 0 and a.wake == '1' then later = admit(now, 0) end
+end
 if not seated and redis.call('EXISTS', KEYS[1]) == 0 then
   -- The last seat is back: the key idles, and its keys go with it (the
   -- next fence takes the server's clock for its floor, see nextFence).
   redis.call('DEL', KEYS[10])
 end
-local reply = {'held', held, 'now', now, 'granted', own, 'woken', woken}
+local reply = {'held', held, 'now', now, 'granted', own, 'settled', settled, 'later', later, 'woken', woken}
 if a.head == '1' then
   local head, clear = lineHead()
   reply[#reply + 1], reply[#reply + 2], reply[#reply + 3], reply[#reply + 4] = 'head', head, 'clear', clear
