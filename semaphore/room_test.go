@@ -590,3 +590,41 @@ func TestStartOnSeatGivesThePlaceOnWithTheSeat(t *testing.T) {
 		})
 	}
 }
+
+// TestStandbyRenewsAWaitingRoomAboutToLapse: the keys of the tasks waiting
+// in slots live as long as their processes' rechecks renew them (two
+// presence TTLs at a time); a task that stands by while they are less than
+// a presence's TTL from lapsing (the processes of the tasks in them died)
+// renews them, or it would lapse with them.
+func TestStandbyRenewsAWaitingRoomAboutToLapse(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	rdb := srv.Client()
+	key := uniqueKey(t)
+	room := roomOf(10)
+	holder := enter(t, newService(t, rdb), key, 1, "holder", room)
+	if holder.Permit == nil {
+		t.Fatal("no seat for the first task")
+	}
+	defer func() { _ = holder.Permit.Release(ctx) }()
+	// A process that dies with a task standing by: its client goes, so
+	// its rechecks renew nothing, and the last one's TTL runs out soon.
+	gone := srv.Client()
+	if e := enter(t, newService(t, gone), key, 1, "gone", room); !e.Standby {
+		t.Fatal("gone has no standby place")
+	}
+	_ = gone.Close()
+	for _, part := range []string{"waiting", "slots"} {
+		if err := rdb.PExpire(ctx, storeKey(key, part), time.Second).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if e := enter(t, newService(t, rdb), key, 1, "next", room); !e.Standby {
+		t.Fatal("next has no standby place")
+	}
+	for _, part := range []string{"waiting", "slots"} {
+		if ttl := rdb.PTTL(ctx, storeKey(key, part)).Val(); ttl < 3*time.Second {
+			t.Errorf("the %s key lapses in %v after a task stood by in it", part, ttl)
+		}
+	}
+}

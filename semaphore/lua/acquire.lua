@@ -213,7 +213,14 @@ elseif mode == 'enter' or mode == 'reserve' then
       -- It waits in its slot for the next seat.
       redis.call('ZADD', KEYS[2], arrival, token)
       redis.call('HSET', KEYS[3], token, slot(a))
-      for i = 2, 3 do redis.call('PEXPIRE', KEYS[i], a.keyttl) end
+      -- Their keys live as long as the processes of their waiters renew
+      -- them (each recheck, at most half a procttl apart, gives them two
+      -- procttl): renewed here only when that is less than a procttl away
+      -- (new keys, or keys whose waiters' processes died), one command
+      -- rather than two.
+      if redis.call('PTTL', KEYS[2]) < tonumber(a.procttl) then
+        for i = 2, 3 do redis.call('PEXPIRE', KEYS[i], a.keyttl) end
+      end
       -- The process's presence, unless it renewed it lately (presence
       -- '0': its rechecks renew it, see presenceFresh).
       if a.presence ~= '0' then
