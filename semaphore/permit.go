@@ -219,8 +219,8 @@ func (s *Service) release(ctx context.Context, p *Permit) (bool, error) {
 	if s.wantsHead(p.key) {
 		args = append(args, "head", "1")
 	}
-	if s.busy.Recent(p.key) {
-		args = append(args, "busy", "1") // tokens wait: release.lua need not ask
+	if s.roomy.Recent(p.key) {
+		args = append(args, "busy", "1") // tokens wait in its room: release.lua need not ask
 	}
 	if r := p.cfg.room; r != nil && s.allStartOnSeat(p.key) {
 		// Its waiters here start as their seat comes: their places go on

@@ -205,6 +205,9 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 			s.openSpare(req, spare, int(n), p)
 		}
 		e.Standby = rep.str("outcome") == "standby"
+		if e.Standby || rep.str("outcome") == "parked" {
+			s.roomy.Mark(key)
+		}
 		e.holdsPlace = e.Standby
 		if !e.Standby {
 			s.remove(e.w)

@@ -150,6 +150,7 @@ type Service struct {
 	spare spareSeats    // the spare seats it holds
 	busy  *lately.Marks // keys found with somebody waiting lately (quick.go)
 	told  *lately.Marks // rooms told their settings lately (see roomTold)
+	roomy *lately.Marks // keys whose room held tokens lately: a task stood by or parked (see release)
 	clock clockOffset
 }
 
@@ -195,6 +196,7 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 		spare:    spareSeats{max: opts.SpareSeats, open: map[string]*spareBlock{}},
 		busy:     newBusyKeys(),
 		told:     &lately.Marks{For: time.Minute, Max: busyMax},
+		roomy:    newBusyKeys(),
 	}, nil
 }
 

@@ -5,8 +5,8 @@
 -- KEYS: those of room.lua
 -- ARGV, name/value pairs: member (the seat), seats (its weight), capacity,
 --   channel, prefix, key (see acquire.lua), wake ('1': the caller brings
---   tokens let out back), busy ('1': the caller found the key busy
---   lately), head ('1': the caller has waiters of the key: the reply says
+--   tokens let out back), busy ('1': the caller found tokens in the
+--   key's room lately), head ('1': the caller has waiters of the key: the reply says
 --   the line's head, see lineHead); for a process's spare seats (see
 --   spare.go): spare '1', and keep, the seats it keeps (the others go
 --   back; 0 or none: all); settleown ('1': the caller's waiters start as
@@ -35,8 +35,8 @@ else
   held = unhold(a.member, seats)
   if a.spare == '1' then redis.call('HDEL', KEYS[13], a.member) end
 end
--- A caller that found the key busy lately (busy '1': tokens wait, so it
--- came here rather than to quick.lua) does not ask whether anybody waits.
+-- A caller that found tokens in the key's room lately (busy '1': one of its
+-- tasks stood by or parked) does not ask whether anybody waits.
 if a.budget then roomRead = {a.capacity, a.budget, a.transit, a.keyttl} end
 local own, woken, seated = settle(now, t, tonumber(a.capacity), a, a.busy == '1', true)
 -- The tasks of the caller's process given a seat start as they get it
