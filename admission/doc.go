@@ -28,31 +28,35 @@
 //     waiters, a seat given back while the process's own waiter is first
 //     in line goes to it in memory and moves with one call of
 //     handover.lua (semaphore/handover.go).
-//   - A cap that is full, tasks through the producer (S5, S10): about 60
-//     commands a task in all at 1 process, 65 at 20, asynq's included
-//     (about 20 of them: the enqueue, one dequeue and a quarter of an
-//     empty one, done). Per task: the producer's park (3 commands inside
-//     one script call: the time, its arrival, and whether tokens are
-//     parked ahead of it; the room is told its settings again only when
-//     the producer did not tell it the same ones within an eighth of its
-//     TTL; the first one parked also renews the parked key's TTL and lets
-//     the next token out if a place is free), with a reserve asked first
-//     only once a second while the key refuses places (the room is not
-//     looked through for a token made just now, semaphore.WithNewToken;
-//     see Gate.Route); one wake-up (wake.lua, 5); the enter of the woken
-//     task, standing by in its place (9: its place, looked up first, the
-//     live seats, its place's lease, its slot, and its slots' keys' TTL;
-//     the process's presence is left to its recheck loop when that renewed
-//     it lately, the soonest lease expiry is asked for only when the
-//     process's recheck waits for none, and the room's settings only when
-//     the process did not tell it the same lately); the release that hands
-//     its seat on (11: the lapsed leases, the seat, the next waiter, its
-//     fence; it does not ask whether anybody waits, as the key was found
-//     busy, nor the presence of a waiter of its own process, and it lets
-//     nobody out, as it freed no place); and the settle of the place at
-//     the start (8: the place, and the next parked token let out for it,
-//     by the room's settings its Entry brings; it frees no seat, so it
-//     counts none).
+//   - A cap that is full, tasks through the producer (S5, S10): about 57
+//     commands a task in all at 1 process, 62 to 63 at 5 and 20, asynq's
+//     included (about 20 of them: the enqueue, one dequeue and a fraction
+//     of an empty one, done; more empty ones, and the idle dequeue's duty,
+//     at 20). Per task, inside each script call: the producer's park (3:
+//     the time, its arrival, and whether tokens are parked ahead of it; the
+//     room is told its settings again only when the producer did not tell
+//     it the same ones within an eighth of its TTL; the first one parked
+//     also renews the parked key's TTL and lets the next token out if a
+//     place is free), with a reserve asked first only once a second while
+//     the key refuses places (the room is not looked through for a token
+//     made just now, semaphore.WithNewToken; see Gate.Route); one wake-up
+//     (wake.lua, 5); the enter of the woken task, standing by in its place
+//     (8: its place, looked up first, the live seats, its place's lease,
+//     its slot, and whether the slots' keys need their TTL; the process's
+//     presence is left to its recheck loop when that renewed it lately,
+//     the soonest lease expiry is asked for only when the process's
+//     recheck waits for none, and the room's settings only when the
+//     process did not tell it the same lately); and the release that hands
+//     its seat on (17: the lapsed leases, the seat, the next waiter, its
+//     fence; it does not ask whether anybody waits when a task of its
+//     process stood by lately; and, as a task of one cap and no rate limit
+//     starts as its seat comes, semaphore.WithStartOnSeat, the waiter's
+//     place and the next parked token let out for it, whom the waiter's
+//     Entry brings to a slot as it starts). A seat sent to another process
+//     leaves the place to that process's settle (8: the place, and the
+//     next parked token let out for it, by the room's settings its Entry
+//     brings; it frees no seat, so it counts none): in S5 at 20 processes
+//     one release in seven.
 //   - A rate limit that is reached, tasks through the producer (S8):
 //     about 39 commands a task from the workers' start, 48 with the
 //     enqueue. The producer holds a backlog back in the limit's room (see
