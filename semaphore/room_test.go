@@ -628,3 +628,31 @@ func TestStandbyRenewsAWaitingRoomAboutToLapse(t *testing.T) {
 		}
 	}
 }
+
+// TestLastStartOnSeatLeavesNoRoom: the release that gives the last task
+// waiting for a key its seat and its place on (WithStartOnSeat) leaves
+// the room empty, and the room keeps no key, as when the task's own
+// settle empties it.
+func TestLastStartOnSeatLeavesNoRoom(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newService(t, srv.Client())
+	ctx := context.Background()
+	key := uniqueKey(t)
+	room := roomOf(1)
+	first, err := s.Enter(ctx, key, 1, "t0", room, semaphore.WithHolder("t0"), semaphore.WithStartOnSeat())
+	if err != nil || first.Permit == nil {
+		t.Fatalf("t0: %v, %v: want a seat", first, err)
+	}
+	last, err := s.Enter(ctx, key, 1, "t1", room, semaphore.WithHolder("t1"), semaphore.WithStartOnSeat())
+	if err != nil || !last.Standby {
+		t.Fatalf("t1: %v, %v: want a standby place", last, err)
+	}
+	p := seatFrom(t, s, key, last, first.Permit)
+	defer func() { _ = p.Release(ctx) }()
+	if n := srv.Client().Exists(ctx, storeKey(key, "room"), storeKey(key, "places"), storeKey(key, "since")).Val(); n != 0 {
+		t.Fatalf("%d of the room's keys left once its last task had its seat and its place went on", n)
+	}
+	if err := last.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -55,6 +55,8 @@ if a.settleown == '1' then
     end
   end
   if #settled > 0 and a.wake == '1' then later = admit(now, 0) end
+  -- As settle.lua: a room they leave empty keeps no key.
+  if #settled > 0 and #later == 0 and not occupied() then dropRoom() end
 end
 if not seated and redis.call('EXISTS', KEYS[1]) == 0 then
   -- The last seat is back: the key idles, and its keys go with it (the
