@@ -656,3 +656,41 @@ func TestLastStartOnSeatLeavesNoRoom(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestParkLetsOutWhenTheRoomIsGone: a task that gives up its standby place
+// while its room's settings are gone (the room was left empty a moment
+// before and dropped them, or they lapsed) and a seat is free is let out
+// again with the defaults, and the places' keys get a TTL: the call must
+// not fail half way (a place key without a TTL, and nobody woken).
+func TestParkLetsOutWhenTheRoomIsGone(t *testing.T) {
+	srv := redistest.Start(t)
+	woken := make(wakeLog, 10)
+	s := newService(t, srv.Client(), woken.option)
+	rdb := srv.Client()
+	ctx := context.Background()
+	key := uniqueKey(t)
+	room := roomOf(1)
+	first, err := s.Enter(ctx, key, 1, "t0", room, semaphore.WithHolder("t0"), semaphore.WithTTL(50*time.Millisecond))
+	if err != nil || first.Permit == nil {
+		t.Fatalf("t0: %v, %v: want a seat", first, err)
+	}
+	standing := enter(t, s, key, 1, "t1", room)
+	if !standing.Standby {
+		t.Fatal("t1 has no standby place")
+	}
+	serverClockPasses(t, rdb, 100*time.Millisecond) // t0's lease lapses: a seat is free
+	if err := rdb.Del(ctx, storeKey(key, "room")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := standing.Park(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := woken.next(t); got != "t1" {
+		t.Fatalf("let out %q, want t1", got)
+	}
+	for _, part := range []string{"places", "since"} {
+		if ttl := rdb.PTTL(ctx, storeKey(key, part)).Val(); ttl <= 0 {
+			t.Errorf("the %s key has TTL %v once t1 was let out again", part, ttl)
+		}
+	}
+}

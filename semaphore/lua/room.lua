@@ -448,7 +448,9 @@ local function admit(now, free)
     standing = standing + 1
     out[#out + 1] = first[1]
   end
-  if made and #out > 0 then keepPlaces(room[4]) end
+  -- (A room whose settings are gone, dropped as it emptied a moment
+  -- before or lapsed, keeps its places' keys for the default TTL.)
+  if made and #out > 0 then keepPlaces(room[4] or '180000') end
   return out, before
 end
 
