@@ -190,7 +190,7 @@ elseif mode == 'enter' or mode == 'reserve' then
     -- The caller's process told the room these settings lately, and a
     -- room that holds a place keeps its key: whoever tells it its
     -- settings renews it (four times a keyttl).
-    roomRead = {a.capacity, a.budget, a.transit, a.keyttl}
+    roomGiven(a)
   else
     noteRoom(a, now)
   end

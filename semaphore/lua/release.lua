@@ -37,7 +37,7 @@ else
 end
 -- A caller that found tokens in the key's room lately (busy '1': one of its
 -- tasks stood by or parked) does not ask whether anybody waits.
-if a.budget then roomRead = {a.capacity, a.budget, a.transit, a.keyttl} end
+if a.budget then roomGiven(a) end
 local own, woken, seated = settle(now, t, tonumber(a.capacity), a, a.busy == '1', true)
 -- The tasks of the caller's process given a seat start as they get it
 -- (settleown '1', see WithStartOnSeat): their standby places go on now, as
@@ -54,9 +54,7 @@ if a.settleown == '1' then
       settled[#settled + 1] = own[i]
     end
   end
-  if #settled > 0 and a.wake == '1' then later = admit(now, 0) end
-  -- As settle.lua: a room they leave empty keeps no key.
-  if #settled > 0 and #later == 0 and not occupied() then dropRoom() end
+  if #settled > 0 then later = passOnPlaces(now, a.wake, true) end
 end
 if not seated and redis.call('EXISTS', KEYS[1]) == 0 then
   -- The last seat is back: the key idles, and its keys go with it (the

@@ -163,6 +163,12 @@ local function roomSettings()
   return roomRead
 end
 
+-- roomGiven takes the room's settings from the call's arguments (its
+-- caller knows them), so that the call does not read them back.
+local function roomGiven(a)
+  roomRead = {a.capacity, a.budget, a.transit, a.keyttl}
+end
+
 -- roomCapacity is the capacity the room was last told of, or fallback.
 local function roomCapacity(fallback)
   return tonumber(roomSettings()[1] or fallback)
@@ -454,6 +460,17 @@ local function admit(now, free)
   return out, before
 end
 
+-- passOnPlaces lets parked tokens out for the places that tokens leaving
+-- the room (tasks that start) gave up, when the caller brings them back
+-- (wake '1'), and returns them; a room the tokens left (left) empty keeps
+-- no key (one that let a token out is not empty: one command less).
+local function passOnPlaces(now, wake, left)
+  local out = {}
+  if wake == '1' then out = admit(now, 0) end
+  if left and #out == 0 and not occupied() then dropRoom() end
+  return out
+end
+
 -- settle runs after any change of seats: it gives the free seats to the
 -- tokens waiting in a process, then lets parked tokens out for the places
 -- and seats left (only when the caller brings tasks back: wake is '1').
@@ -488,7 +505,7 @@ local function noteRoom(a, now)
   local keyttl = tonumber(a.keyttl)
   local sig = a.capacity .. ':' .. a.budget .. ':' .. a.transit .. ':' .. a.keyttl .. ':'
     .. math.floor(now / math.max(math.floor(keyttl / 4), 1))
-  roomRead = {a.capacity, a.budget, a.transit, a.keyttl}
+  roomGiven(a)
   if redis.call('HGET', KEYS[8], 'sig') == sig then return end
   redis.call('HSET', KEYS[8], 'capacity', a.capacity, 'budget', a.budget, 'transit', a.transit, 'keyttl', a.keyttl, 'sig', sig)
   redis.call('PEXPIRE', KEYS[8], keyttl)

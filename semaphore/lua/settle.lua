@@ -15,7 +15,7 @@
 
 local a = args()
 local now = clock()
-roomRead = {nil, a.budget, a.transit, a.keyttl}
+roomGiven(a)
 local left = false
 if not redis.call('ZSCORE', KEYS[2], a.token) then
   -- It took its seat, which took it out of the waiting and its slots
@@ -27,9 +27,5 @@ if not redis.call('ZSCORE', KEYS[2], a.token) then
     left = true
   end
 end
-local woken = {}
-if a.wake == '1' then woken = admit(now, 0) end
--- A room it leaves empty keeps no key; one that let a token out is not
--- empty (one command less when tasks wait).
-if left and #woken == 0 and not occupied() then dropRoom() end
+local woken = passOnPlaces(now, a.wake, left)
 return {'now', now, 'granted', {}, 'woken', woken}
