@@ -295,7 +295,7 @@ func (s *Service) giveUp(w *waiter, how string) {
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
 	rep, err := s.runNamed(ctx, leaveScript, w.req.k, s.settleArgs(w.req.key, "token", w.token, "member", w.member, "seats", w.req.cfg.seats, "how", how,
-		"capacity", w.req.capacity, "keyttl", w.req.cfg.roomTTL.Milliseconds())...)
+		"capacity", w.req.capacity, "keyttl", w.req.cfg.roomKeyTTL().Milliseconds())...)
 	if err != nil {
 		s.log.Warn("semaphore: leave the waiting room (the entry lapses by itself)", "key", w.req.key, "err", err)
 		return

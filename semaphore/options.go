@@ -14,13 +14,12 @@ type acquireConfig struct {
 	maxAttempts  int           // 0: no cap
 	autoRenew    bool
 	holder       string
-	seats        int           // the permit's weight: seats it takes (WithWeight)
-	share        string        // its fair-share value (WithShare); "" for none
-	shareWeight  int           // that value's weight
-	roomTTL      time.Duration // how long the waiting room's keys outlive a call (Enter)
-	room         *Room         // the waiting room it entered (Enter)
-	startsOnSeat bool          // its task starts as its seat comes (WithStartOnSeat)
-	newToken     bool          // the token was never in the room (WithNewToken)
+	seats        int    // the permit's weight: seats it takes (WithWeight)
+	share        string // its fair-share value (WithShare); "" for none
+	shareWeight  int    // that value's weight
+	room         *Room  // the waiting room it entered (Enter)
+	startsOnSeat bool   // its task starts as its seat comes (WithStartOnSeat)
+	newToken     bool   // the token was never in the room (WithNewToken)
 	err          error
 }
 
@@ -129,6 +128,15 @@ func WithNewToken() AcquireOption {
 	return func(c *acquireConfig) { c.newToken = true }
 }
 
+// roomKeyTTL is how long the keys of the waiting room c's token entered
+// outlive a call: its Room's TTL (Enter), else the default.
+func (c acquireConfig) roomKeyTTL() time.Duration {
+	if c.room != nil {
+		return c.room.TTL
+	}
+	return defaultRoomTTL
+}
+
 // lineArgs are the script arguments that place c's token in line: its
 // fair share, if it has one, and whether it is new (WithNewToken).
 func (c acquireConfig) lineArgs() []any {
@@ -155,7 +163,7 @@ func (s *Service) acquireConfig(key string, permits int, opts []AcquireOption) (
 // Reserve, Park) on key, of permits seats (0: paused, when any weight
 // goes; the caller checked permits).
 func (s *Service) lineConfig(key string, permits int, opts []AcquireOption) (acquireConfig, error) {
-	c := acquireConfig{ttl: s.ttl, roomTTL: 3 * time.Minute, seats: 1}
+	c := acquireConfig{ttl: s.ttl, seats: 1}
 	if err := checkKey(key); err != nil {
 		return c, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -54,25 +55,24 @@ func (r Room) check() error {
 	return nil
 }
 
-// roomTold reports whether a call of this Service told key's room the
-// settings room and capacity lately (within an eighth of the room's TTL):
-// an enter of a token that holds a place, or a park behind others, need
-// not tell them again (told '1'), as a room that holds tokens keeps its
-// key, renewed four times a TTL by the calls that do tell it.
-func (s *Service) roomTold(key string, capacity int, room Room) bool {
-	return s.told.Within(roomNote(key, capacity, room), room.TTL/8)
-}
+// defaultRoomTTL is how long a waiting room's keys outlive a call when
+// the caller did not say (the scripts' default too).
+const defaultRoomTTL = 3 * time.Minute
 
-// tellsRoom notes that a call of this Service told key's room room and
-// capacity just now.
-func (s *Service) tellsRoom(key string, capacity int, room Room) {
-	s.told.Mark(roomNote(key, capacity, room))
-}
-
-// roomNote names key's room with the settings it was told.
+// roomNote names key's room with the settings and capacity a call tells
+// it, in s.told: a call of this Service that told them within an eighth of
+// the room's TTL (roomTold) spares an enter of a token that holds a place,
+// or a park behind others, telling them again (told '1'), as a room that
+// holds tokens keeps its key, renewed four times a TTL by the calls that
+// do tell it.
 func roomNote(key string, capacity int, room Room) string {
-	return fmt.Sprintf("%s\x00%d\x00%v", key, capacity, room.args())
+	return key + "\x00" + strconv.Itoa(capacity) + "\x00" + strconv.Itoa(room.Standby) + "\x00" +
+		room.Hold.String() + "\x00" + room.Transit.String() + "\x00" + room.TTL.String()
 }
+
+// roomTold reports whether a call of this Service told the room of note
+// its settings within an eighth of room's TTL (see roomNote).
+func (s *Service) roomTold(note string, room Room) bool { return s.told.Within(note, room.TTL/8) }
 
 // args are the room's arguments of a script (see acquire.lua).
 func (r Room) args() []any {
@@ -156,7 +156,7 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 	if err != nil {
 		return nil, err
 	}
-	cfg.roomTTL, cfg.room = room.TTL, &room
+	cfg.room = &room
 	e := &Entry{s: s, key: key, token: token, fair: cfg.share != "", room: room}
 	_, err = s.observed(ctx, key, permits, func(ctx context.Context) (*Permit, int, error) {
 		if s.isClosed() {
@@ -191,7 +191,8 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 		if s.earliestArmed(key) {
 			extra = append(extra, "armed", "1")
 		}
-		told := s.roomTold(key, permits, room)
+		note := roomNote(key, permits, room)
+		told := s.roomTold(note, room)
 		if told {
 			extra = append(extra, "told", "1")
 		}
@@ -217,7 +218,7 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 				s.presentSince(key, sent)
 			}
 			if !told {
-				s.tellsRoom(key, permits, room)
+				s.told.Mark(note)
 			}
 			s.setEarliest(key, rep)
 			return nil, 1, errStandingBy // not a failure: observed as OutcomeStandby
@@ -329,7 +330,8 @@ func (s *Service) Park(ctx context.Context, key string, permits int, token strin
 		return false, err
 	}
 	args := append(room.args(), "token", token, "capacity", permits)
-	told := s.roomTold(key, permits, room)
+	note := roomNote(key, permits, room)
+	told := s.roomTold(note, room)
 	if told {
 		args = append(args, "told", "1")
 	}
@@ -338,7 +340,7 @@ func (s *Service) Park(ctx context.Context, key string, permits int, token strin
 		return false, fmt.Errorf("semaphore: park on %q: %w", key, err)
 	}
 	if !told {
-		s.tellsRoom(key, permits, room)
+		s.told.Mark(note)
 	}
 	s.passOn(key, rep, time.Time{})
 	n, err := rep.int("first")

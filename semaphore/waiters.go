@@ -144,7 +144,15 @@ func (s *Service) presentSince(key string, sent time.Time) {
 	r := &s.waits
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if kw := r.keys[key]; kw != nil && sent.After(kw.presentAt) {
+	if kw := r.keys[key]; kw != nil {
+		kw.presentBy(sent)
+	}
+}
+
+// presentBy notes that a call sent at sent renewed the presence (the
+// registry's mu held).
+func (kw *keyWaits) presentBy(sent time.Time) {
+	if sent.After(kw.presentAt) {
 		kw.presentAt = sent
 	}
 }
@@ -445,9 +453,7 @@ func (s *Service) afterRecheck(key string, kw *keyWaits, rep reply, sent time.Ti
 	if asked >= 0 && r.heard && r.subSeq == asked {
 		kw.missed = false
 	}
-	if sent.After(kw.presentAt) {
-		kw.presentAt = sent
-	}
+	kw.presentBy(sent)
 	kw.earliest = time.Time{}
 	if earliest > 0 {
 		kw.earliest = time.UnixMilli(earliest)
