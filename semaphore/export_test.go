@@ -65,3 +65,7 @@ func (s *Service) WaitingBehind(key string) int {
 	}
 	return 0
 }
+
+// PendingWakes are the tokens e hands to OnWake as it settles: let out in
+// its place by the release that gave it its seat (WithStartOnSeat).
+func (e *Entry) PendingWakes() []string { return e.later }

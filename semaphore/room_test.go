@@ -51,13 +51,23 @@ func (w wakeLog) none(t *testing.T) {
 	}
 }
 
-func enter(t *testing.T, s *semaphore.Service, key string, capacity int, token string, room semaphore.Room) *semaphore.Entry {
+// enter has token's task Enter key's room, holder token, with opts.
+func enter(t *testing.T, s *semaphore.Service, key string, capacity int, token string, room semaphore.Room, opts ...semaphore.AcquireOption) *semaphore.Entry {
 	t.Helper()
-	e, err := s.Enter(context.Background(), key, capacity, token, room, semaphore.WithHolder(token))
+	e, err := s.Enter(context.Background(), key, capacity, token, room, append([]semaphore.AcquireOption{semaphore.WithHolder(token)}, opts...)...)
 	if err != nil {
 		t.Fatalf("Enter %s: %v", token, err)
 	}
 	return e
+}
+
+// wokenService starts a redis-server and a Service on it whose OnWake
+// goes to the wakeLog it returns, with a key of the test's own.
+func wokenService(t *testing.T) (*redistest.Server, *semaphore.Service, wakeLog, string) {
+	t.Helper()
+	srv := redistest.Start(t)
+	woken := make(wakeLog, 16)
+	return srv, newService(t, srv.Client(), woken.option), woken, uniqueKey(t)
 }
 
 // seatFrom has e, standing by alone in s for key, Wait for the seat that
@@ -533,27 +543,15 @@ func TestPresenceStaysCurrentWhileEntersSkipIt(t *testing.T) {
 func TestStartOnSeatGivesThePlaceOnWithTheSeat(t *testing.T) {
 	for _, starts := range []bool{true, false} {
 		t.Run(fmt.Sprint("starts=", starts), func(t *testing.T) {
-			srv := redistest.Start(t)
-			woken := make(wakeLog, 10)
-			s := newService(t, srv.Client(), woken.option)
-			ctx := context.Background()
-			key := uniqueKey(t)
-			room := roomOf(1)
-			rdb := srv.Client()
-			opts := func(token string) []semaphore.AcquireOption {
-				o := []semaphore.AcquireOption{semaphore.WithHolder(token), semaphore.WithShare("tenant-"+token, 1)}
-				if starts {
-					o = append(o, semaphore.WithStartOnSeat())
-				}
-				return o
-			}
+			srv, s, woken, key := wokenService(t)
+			ctx, room, rdb := context.Background(), roomOf(1), srv.Client()
 			enterAs := func(token string) *semaphore.Entry {
 				t.Helper()
-				e, err := s.Enter(ctx, key, 1, token, room, opts(token)...)
-				if err != nil {
-					t.Fatalf("Enter %s: %v", token, err)
+				opts := []semaphore.AcquireOption{semaphore.WithShare("tenant-"+token, 1)}
+				if starts {
+					opts = append(opts, semaphore.WithStartOnSeat())
 				}
-				return e
+				return enter(t, s, key, 1, token, room, opts...)
 			}
 			first, standing, parked := enterAs("t0"), enterAs("t1"), enterAs("t2")
 			if first.Permit == nil || !standing.Standby || parked.Permit != nil || parked.Standby {
@@ -570,7 +568,11 @@ func TestStartOnSeatGivesThePlaceOnWithTheSeat(t *testing.T) {
 				t.Fatalf("places %q once t1 has its seat, want %q", places, want)
 			}
 			if starts {
-				woken.none(t) // not before t1 settles
+				// t2 is handed to OnWake by t1's Settle, not before.
+				if later := standing.PendingWakes(); !slices.Equal(later, []string{"t2"}) {
+					t.Fatalf("t1's Entry brings %q back as it settles, want t2", later)
+				}
+				woken.none(t)
 				if notes := rdb.HKeys(ctx, storeKey(key, "reals")).Val(); !slices.Equal(notes, []string{"t2"}) {
 					t.Fatalf("real arrivals noted for %q once t1's place went on, want t2 alone", notes)
 				}
@@ -634,18 +636,12 @@ func TestStandbyRenewsAWaitingRoomAboutToLapse(t *testing.T) {
 // the room empty, and the room keeps no key, as when the task's own
 // settle empties it.
 func TestLastStartOnSeatLeavesNoRoom(t *testing.T) {
-	srv := redistest.Start(t)
-	s := newService(t, srv.Client())
-	ctx := context.Background()
-	key := uniqueKey(t)
-	room := roomOf(1)
-	first, err := s.Enter(ctx, key, 1, "t0", room, semaphore.WithHolder("t0"), semaphore.WithStartOnSeat())
-	if err != nil || first.Permit == nil {
-		t.Fatalf("t0: %v, %v: want a seat", first, err)
-	}
-	last, err := s.Enter(ctx, key, 1, "t1", room, semaphore.WithHolder("t1"), semaphore.WithStartOnSeat())
-	if err != nil || !last.Standby {
-		t.Fatalf("t1: %v, %v: want a standby place", last, err)
+	srv, s, _, key := wokenService(t)
+	ctx, room := context.Background(), roomOf(1)
+	first := enter(t, s, key, 1, "t0", room, semaphore.WithStartOnSeat())
+	last := enter(t, s, key, 1, "t1", room, semaphore.WithStartOnSeat())
+	if first.Permit == nil || !last.Standby {
+		t.Fatalf("t0 %v, t1 standby %v: want a seat and a standby place", first.Permit, last.Standby)
 	}
 	p := seatFrom(t, s, key, last, first.Permit)
 	defer func() { _ = p.Release(ctx) }()
@@ -663,20 +659,12 @@ func TestLastStartOnSeatLeavesNoRoom(t *testing.T) {
 // again with the defaults, and the places' keys get a TTL: the call must
 // not fail half way (a place key without a TTL, and nobody woken).
 func TestParkLetsOutWhenTheRoomIsGone(t *testing.T) {
-	srv := redistest.Start(t)
-	woken := make(wakeLog, 10)
-	s := newService(t, srv.Client(), woken.option)
-	rdb := srv.Client()
-	ctx := context.Background()
-	key := uniqueKey(t)
-	room := roomOf(1)
-	first, err := s.Enter(ctx, key, 1, "t0", room, semaphore.WithHolder("t0"), semaphore.WithTTL(50*time.Millisecond))
-	if err != nil || first.Permit == nil {
-		t.Fatalf("t0: %v, %v: want a seat", first, err)
-	}
+	srv, s, woken, key := wokenService(t)
+	ctx, room, rdb := context.Background(), roomOf(1), srv.Client()
+	first := enter(t, s, key, 1, "t0", room, semaphore.WithTTL(50*time.Millisecond))
 	standing := enter(t, s, key, 1, "t1", room)
-	if !standing.Standby {
-		t.Fatal("t1 has no standby place")
+	if first.Permit == nil || !standing.Standby {
+		t.Fatalf("t0 %v, t1 standby %v: want a seat and a standby place", first.Permit, standing.Standby)
 	}
 	serverClockPasses(t, rdb, 100*time.Millisecond) // t0's lease lapses: a seat is free
 	if err := rdb.Del(ctx, storeKey(key, "room")).Err(); err != nil {
