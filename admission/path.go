@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetcap/fleetcap/config"
+	"github.com/fleetcap/fleetcap/internal/asynqx"
 	"github.com/fleetcap/fleetcap/internal/lately"
 	"github.com/fleetcap/fleetcap/ratelimit"
 	"github.com/fleetcap/fleetcap/semaphore"
@@ -65,6 +66,9 @@ type Options struct {
 	Observer    Observer
 	Logger      *slog.Logger
 	ParkedRetry time.Duration // worker.parked_retry: how long the rooms keep a token
+	// Server is the worker's asynq client: a task a rate limit's room
+	// hands out is offered to its next dequeue first (see Waker.SetServer).
+	Server *asynqx.ServerClient
 }
 
 // Admitter takes the limits of the tasks of one worker process. It is safe

@@ -34,9 +34,10 @@ import (
 // OnWake to semaphore.Options.OnWake. The worker and the producer's Gate
 // each have one.
 type Waker struct {
-	rdb redis.UniversalClient
-	sem *semaphore.Service // set once the Service exists (it takes OnWake)
-	log *slog.Logger
+	rdb    redis.UniversalClient
+	sem    *semaphore.Service   // set once the Service exists (it takes OnWake)
+	server *asynqx.ServerClient // the worker's, which claims a task for a slot it frees; nil in a producer
+	log    *slog.Logger
 }
 
 // NewWaker returns a Waker on rdb; call SetSemaphore once the Service
@@ -50,6 +51,11 @@ func NewWaker(rdb redis.UniversalClient, log *slog.Logger) *Waker {
 
 // SetSemaphore tells the Waker the Service it wakes for.
 func (k *Waker) SetSemaphore(sem *semaphore.Service) { k.sem = sem }
+
+// SetServer tells the Waker the worker's asynq client: a task it wakes is
+// first offered to the worker's own next dequeue (asynqx.ServerClient.Claim),
+// which saves the trip through its queue when a slot is free.
+func (k *Waker) SetServer(server *asynqx.ServerClient) { k.server = server }
 
 // OnWake brings the tasks of tokens let out of key's room to their queue.
 func (k *Waker) OnWake(key string, tokens []string) {
@@ -96,6 +102,11 @@ func (k *Waker) bringBack(ctx context.Context, mark, token string) asynqx.WakeRe
 	t, err := ParseToken(token)
 	if err != nil {
 		return asynqx.Gone
+	}
+	if k.server != nil {
+		if res, ok := k.server.Claim(t.Queue, t.ID, mark, WaitsForHeader); ok && res != asynqx.Busy {
+			return res
+		}
 	}
 	deadline := time.Now().Add(200 * time.Millisecond)
 	for pause := time.Millisecond; ; pause = min(2*pause, 8*time.Millisecond) {
@@ -200,7 +211,7 @@ func (rw *rateWakes) loop(a *Admitter, r Limit, l *rateLoop) {
 			rw.mu.Unlock()
 		}
 	}()
-	waker := &Waker{rdb: a.Redis, log: a.Logger}
+	waker := &Waker{rdb: a.Redis, server: a.Server, log: a.Logger}
 	mark := Mark(KindRate, r.Key)
 	for ctx.Err() == nil {
 		limit := r.Resized(a.Sizes).Rate

@@ -167,6 +167,7 @@ func (w *Worker) connect() error {
 		return fmt.Errorf("worker: asynq made a %T, not a go-redis client", made)
 	}
 	w.server = asynqx.NewServerClient(serverRDB, w.cfg.Semaphore.Prefix, slices.Collect(maps.Keys(w.cfg.Worker.Queues)), w.cfg.Worker.TaskCheckInterval, w.log)
+	waker.SetServer(w.server)
 	w.asynqLog.kept = w.server.Kept
 	// A worker must not serve before it knows the overrides in force: a
 	// paused key would run.
@@ -175,7 +176,7 @@ func (w *Worker) connect() error {
 	}
 	w.adm, err = admission.New(admission.Options{
 		Redis: w.rdb, Table: w.table, Semaphore: w.sem, Limiter: w.limiter, Sizes: w.overrides,
-		Observer: w.opts.observer, Logger: w.log, ParkedRetry: w.cfg.Worker.ParkedRetry,
+		Observer: w.opts.observer, Logger: w.log, ParkedRetry: w.cfg.Worker.ParkedRetry, Server: w.server,
 	})
 	return err
 }

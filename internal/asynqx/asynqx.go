@@ -67,10 +67,13 @@ func Task(ctx context.Context, rdb redis.Cmdable, queue, id string) (state, msg 
 	return state, msg, nil
 }
 
+//go:embed lua/waits.lua
+var waitsSrc string
+
 //go:embed lua/wake.lua
 var wakeSrc string
 
-var wakeScript = redis.NewScript(wakeSrc)
+var wakeScript = redis.NewScript(waitsSrc + wakeSrc)
 
 // WakeResult is what Wake did.
 type WakeResult int

@@ -752,3 +752,141 @@ func TestBacklogOfOneQueueOfTwo(t *testing.T) {
 		}
 	}
 }
+
+// TestClaim: a task that waits for a seat, handed to the worker's own
+// dequeue (Claim), runs in the slot the dequeue frees without passing
+// through its queue, once; a task that waits no more is left alone; a task
+// of a paused queue, or one no slot is free for, is left for Wake.
+func TestClaim(t *testing.T) {
+	s := newSeam(t)
+	ctx := context.Background()
+	const mark = `fleetcap: waiting for seat of "k"`
+	const header = "waits"
+	var mu sync.Mutex
+	ran := map[string]int{}
+	release := make(chan struct{})
+	c := s.serveThrough(time.Minute, func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		mu.Lock()
+		ran[id]++
+		n := ran[id]
+		mu.Unlock()
+		switch string(task.Payload()) {
+		case "park":
+			if n == 1 {
+				return errors.New(mark + " (full)")
+			}
+		case "block":
+			<-release
+		}
+		return nil
+	}, nil)
+	runs := func(id string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return ran[id]
+	}
+	waiting := func() string {
+		t.Helper()
+		info, err := s.client.Enqueue(asynq.NewTaskWithHeaders("t", nil, map[string]string{header: "k"}),
+			asynq.Queue("q"), asynq.ProcessIn(time.Hour), asynq.Retention(time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.ID
+	}
+	// claim asks until a dequeue takes the claim: one that comes while
+	// the server is between two waits for work may miss it.
+	claim := func(id string) asynqx.WakeResult {
+		t.Helper()
+		var res asynqx.WakeResult
+		waitfor.Condition(t, 10*time.Second, "a dequeue takes the claim of "+id, func() bool {
+			var handled bool
+			res, handled = c.Claim("q", id, mark, header)
+			return handled
+		})
+		return res
+	}
+	parked := s.enqueue("park", asynq.Retention(time.Hour))
+	s.waitState(parked, "retry")
+
+	for name, id := range map[string]string{"scheduled to wait": waiting(), "sent back to wait": parked} {
+		if res := claim(id); res != asynqx.Woken {
+			t.Fatalf("%s: Claim = %v, want Woken", name, res)
+		}
+		s.waitState(id, "completed")
+		if n, err := s.rdb.LLen(ctx, asynqx.QueueKeys("q").Pending).Result(); err != nil || n != 0 {
+			t.Fatalf("%s: pending holds %d tasks (%v), want none", name, n, err)
+		}
+	}
+	if n := runs(parked); n != 2 {
+		t.Fatalf("the task sent back ran %d times, want 2 (its first run sent it back)", n)
+	}
+
+	plain := s.enqueue("ok", asynq.ProcessIn(time.Hour))
+	for name, id := range map[string]string{"scheduled, not to wait": plain, "missing (deleted)": "no-such-task"} {
+		if res := claim(id); res != asynqx.Gone {
+			t.Fatalf("%s: Claim = %v, want Gone", name, res)
+		}
+	}
+	if st := s.state(plain); st != "scheduled" {
+		t.Fatalf("a task that waits for no seat is %s after Claim, want scheduled", st)
+	}
+
+	// Two claims of one task: it runs once. (A claim no dequeue took
+	// is asked again; no goroutine may fail the test.)
+	twice := waiting()
+	results := make(chan asynqx.WakeResult, 2)
+	for range 2 {
+		go func() {
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+				if res, handled := c.Claim("q", twice, mark, header); handled {
+					results <- res
+					return
+				}
+			}
+			results <- -1
+		}()
+	}
+	got := []asynqx.WakeResult{<-results, <-results}
+	if (got[0] == asynqx.Woken) == (got[1] == asynqx.Woken) {
+		t.Fatalf("two claims of one task: %v, want one Woken", got)
+	}
+	s.waitState(twice, "completed")
+	if n := runs(twice); n != 1 {
+		t.Fatalf("a task claimed twice ran %d times", n)
+	}
+
+	// Paused: left for Wake, which makes it pending.
+	if err := s.insp.PauseQueue("q"); err != nil {
+		t.Fatal(err)
+	}
+	inPaused := waiting()
+	if res, handled := c.Claim("q", inPaused, mark, header); handled {
+		t.Fatalf("a task of a paused queue: Claim = %v, handled; want it left for Wake", res)
+	}
+	if st := s.state(inPaused); st != "scheduled" {
+		t.Fatalf("a task of a paused queue is %s after Claim, want scheduled", st)
+	}
+	if err := s.insp.UnpauseQueue("q"); err != nil {
+		t.Fatal(err)
+	}
+
+	// No slot free: left for Wake.
+	blocks := []string{s.enqueue("block"), s.enqueue("block")}
+	for _, id := range blocks {
+		s.waitState(id, "active")
+	}
+	busy := waiting()
+	if res, handled := c.Claim("q", busy, mark, header); handled {
+		t.Fatalf("no slot free: Claim = %v, handled; want it left for Wake", res)
+	}
+	if st := s.state(busy); st != "scheduled" {
+		t.Fatalf("no slot free: the task is %s after Claim, want scheduled", st)
+	}
+	close(release)
+	if res := claim(busy); res != asynqx.Woken {
+		t.Fatalf("once the slots freed: Claim = %v, want Woken", res)
+	}
+	s.waitState(busy, "completed")
+}

@@ -26,7 +26,8 @@ import (
 //     maxIdle passes (see "Waiting for work"): an idle worker costs Redis
 //     little, and a new task is taken within a few round trips. Set
 //     asynq's TaskCheckInterval to a millisecond or so: its own sleep then
-//     no longer matters.
+//     no longer matters. A dequeue takes a task handed to it by Claim
+//     first.
 //   - Archive: a handler that sends its task back to wait (fleetcap's
 //     requeue) would have it archived when it has no retry left, whatever
 //     IsFailure says. For a task Keep was called for, ServerClient moves
@@ -54,6 +55,7 @@ type ServerClient struct {
 	stop       chan struct{}
 	stopped    bool
 	kept       map[string]kept // task id -> where Keep sends it instead of the archive
+	claims     []*claim        // tasks for the next dequeue to take (see Claim)
 }
 
 // backlog is what a worker's dequeues of one queue found lately, for its
@@ -115,7 +117,13 @@ func (c *ServerClient) Eval(ctx context.Context, script string, keys []string, a
 func (c *ServerClient) intercept(ctx context.Context, keys []string, args []any, run func() *redis.Cmd) *redis.Cmd {
 	if q, ok := dequeueQueue(keys); ok && c.queues[q] {
 		c.stillFree()
+		if cmd := c.takeClaimed(ctx, args); cmd != nil {
+			return cmd
+		}
 		c.waitForWork()
+		if cmd := c.takeClaimed(ctx, args); cmd != nil {
+			return cmd
+		}
 		cmd := run()
 		c.noteDequeue(q, cmd)
 		return cmd

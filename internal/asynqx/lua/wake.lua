@@ -36,15 +36,8 @@ if state == 'pending' then
   if paused then return 3 end
   return 1
 end
-local from, mark
-if state == 'retry' then
-  from, mark = KEYS[2], ARGV[2]
-elseif state == 'scheduled' then
-  from, mark = KEYS[3], ARGV[3]
-else
-  return 0
-end
-if not msg or not string.find(msg, mark, 1, true) then return 0 end
+local from = waitsIn(state, msg)
+if not from then return 0 end
 if redis.call('ZREM', from, ARGV[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'pending', 'pending_since', ARGV[4])
 redis.call('RPUSH', KEYS[4], ARGV[1])
