@@ -19,7 +19,9 @@ import (
 // to wait), not in a worker slot. When its turn comes (a cap's room lets
 // its token out as a place frees; a rate limit's room when its tokens are
 // due), the task is moved to the dequeuing end of its queue (asynqx.Wake),
-// so that it runs before the tasks that came after it, and a cap's place
+// so that it runs before the tasks that came after it, or, in a worker
+// with a slot free, straight into that slot (asynqx.ServerClient.Claim:
+// one call instead of the move and a dequeue), and a cap's place
 // waits for it (a second, renewed each time the room lets it out again
 // while it is still on its way). Only a task that still waits for that
 // limit is moved: never one that completed, failed, was archived or
@@ -92,9 +94,9 @@ func (k *Waker) bring(ctx context.Context, mark, token string, gone, paused func
 	return true
 }
 
-// bringBack moves the task of token to the dequeuing end of its queue and
-// says what it found (see asynqx.Wake; mark is the start of the message it
-// waits with). A task that is still in its handler (parking itself) is
+// bringBack moves the task of token to the dequeuing end of its queue, or
+// into a slot of this worker (see SetServer), and says what it found (see
+// asynqx.Wake; mark is the start of the message it waits with). A task that is still in its handler (parking itself) is
 // asked for again, 1 ms later, then 2, 4 and 8 ms apart, for 200 ms; if it
 // is still there, or Redis fails, Busy: its place lapses back to the room,
 // keeping its arrival.

@@ -87,10 +87,11 @@ func (c *ServerClient) Claim(queue, id, retryMark, scheduledMark string) (res Wa
 
 // takeClaimed runs the claims waiting for a dequeue, first come first
 // served, until one yields a task; it returns that task's message as the
-// reply of asynq's dequeue call (whose arguments are args), or nil when
-// none did. The task may be of another queue than the one asked: asynq
-// reads its queue from the message.
-func (c *ServerClient) takeClaimed(ctx context.Context, args []any) *redis.Cmd {
+// reply of asynq's dequeue call of q (whose arguments are args), or nil
+// when none did. The task may be of another queue than q: asynq reads its
+// queue from the message. A task taken counts as one the dequeue of q
+// found, for the duty of watching q (it is no backlog: see noteDequeue).
+func (c *ServerClient) takeClaimed(ctx context.Context, q string, args []any) *redis.Cmd {
 	if len(args) == 0 {
 		return nil
 	}
@@ -104,6 +105,9 @@ func (c *ServerClient) takeClaimed(ctx context.Context, args []any) *redis.Cmd {
 		c.claims = c.claims[1:]
 		c.mu.Unlock()
 		if cmd := c.runClaim(ctx, cl, args[0]); cmd != nil {
+			c.mu.Lock()
+			c.keepDutyWhileFree(q)
+			c.mu.Unlock()
 			return cmd
 		}
 	}

@@ -367,10 +367,15 @@ func (l *logCapture) exhausted() []string {
 // serveThrough runs an asynq server on a ServerClient of s's Redis until
 // the test ends, and returns the client.
 func (s *seam) serveThrough(maxIdle time.Duration, h asynq.HandlerFunc, logger asynq.Logger) *asynqx.ServerClient {
+	return s.serveSlots(2, maxIdle, h, logger)
+}
+
+// serveSlots is serveThrough with slots slots.
+func (s *seam) serveSlots(slots int, maxIdle time.Duration, h asynq.HandlerFunc, logger asynq.Logger) *asynqx.ServerClient {
 	rdb := redis.NewClient(&redis.Options{Addr: s.srv.Addr(), ContextTimeoutEnabled: true})
 	c := asynqx.NewServerClient(rdb, "test:", []string{"q"}, maxIdle, slog.Default())
 	srv := asynq.NewServerFromRedisClient(c, asynq.Config{
-		Concurrency:              2,
+		Concurrency:              slots,
 		Queues:                   map[string]int{"q": 1},
 		TaskCheckInterval:        time.Millisecond,
 		DelayedTaskCheckInterval: time.Hour,
@@ -889,4 +894,54 @@ func TestClaim(t *testing.T) {
 		t.Fatalf("once the slots freed: Claim = %v, want Woken", res)
 	}
 	s.waitState(busy, "completed")
+}
+
+// TestClaimPassesTheDutyOn: a worker on duty (watching the idle queue)
+// whose last free slot a claimed task takes hands the duty on at once, as
+// after a task it dequeued, not only when a push shows it busy: the other
+// idle worker watches the queue before anything is pushed, and takes the
+// next task.
+func TestClaimPassesTheDutyOn(t *testing.T) {
+	s := newSeam(t)
+	const mark = `fleetcap: waiting for seat of "k"`
+	const header = "waits"
+	release := make(chan struct{})
+	defer close(release)
+	started := make(chan string, 4)
+	handler := func(ctx context.Context, task *asynq.Task) error {
+		id, _ := asynq.GetTaskID(ctx)
+		started <- id
+		if string(task.Payload()) == "block" {
+			<-release
+		}
+		return nil
+	}
+	first := s.serveSlots(1, time.Minute, handler, nil)
+	waitfor.Condition(t, 10*time.Second, "the first worker watches the queue", func() bool { return s.blockedIn("blmove") == 1 })
+	s.serveSlots(1, time.Minute, handler, nil)
+	waitfor.Condition(t, 10*time.Second, "the second waits on the doorbell", func() bool { return s.blockedIn("blpop") == 1 })
+	info, err := s.client.Enqueue(asynq.NewTaskWithHeaders("t", []byte("block"), map[string]string{header: "k"}),
+		asynq.Queue("q"), asynq.ProcessIn(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitfor.Condition(t, 10*time.Second, "the first worker claims the task", func() bool {
+		res, handled := first.Claim("q", info.ID, mark, header)
+		return handled && res == asynqx.Woken
+	})
+	if id := <-started; id != info.ID {
+		t.Fatalf("started %s, want the claimed %s", id, info.ID)
+	}
+	waitfor.Condition(t, 10*time.Second, "the second worker takes the duty (both watch the queue: the first's watch lasts its wait)", func() bool {
+		return s.blockedIn("blmove") == 2 && s.blockedIn("blpop") == 0
+	})
+	next := s.enqueue("ok")
+	select {
+	case id := <-started:
+		if id != next {
+			t.Fatalf("started %s, want %s", id, next)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a task pushed after the claim did not start within 10s: the saturated worker kept the duty (the other waits up to a minute)")
+	}
 }

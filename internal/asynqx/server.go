@@ -117,11 +117,11 @@ func (c *ServerClient) Eval(ctx context.Context, script string, keys []string, a
 func (c *ServerClient) intercept(ctx context.Context, keys []string, args []any, run func() *redis.Cmd) *redis.Cmd {
 	if q, ok := dequeueQueue(keys); ok && c.queues[q] {
 		c.stillFree()
-		if cmd := c.takeClaimed(ctx, args); cmd != nil {
+		if cmd := c.takeClaimed(ctx, q, args); cmd != nil {
 			return cmd
 		}
 		c.waitForWork()
-		if cmd := c.takeClaimed(ctx, args); cmd != nil {
+		if cmd := c.takeClaimed(ctx, q, args); cmd != nil {
 			return cmd
 		}
 		cmd := run()
@@ -234,15 +234,21 @@ func (c *ServerClient) noteDequeue(q string, cmd *redis.Cmd) {
 		b.took = false
 	case err == nil:
 		clear(c.empty)
-		if _, on := c.onDuty[q]; on {
-			// On duty: it keeps the duty only while it asks for more.
-			c.saturation = time.AfterFunc(saturated, func() { c.passOn(q) })
-		}
+		c.keepDutyWhileFree(q)
 		if now := time.Now(); b.took && now.Sub(b.rang) >= b.gap {
 			b.rang = now
 			go c.recruit(q, b)
 		}
 		b.took = true
+	}
+}
+
+// keepDutyWhileFree notes that a dequeue of q took a task: a worker on
+// duty keeps the duty only while it asks for more (see stillFree). The
+// caller holds c.mu.
+func (c *ServerClient) keepDutyWhileFree(q string) {
+	if _, on := c.onDuty[q]; on {
+		c.saturation = time.AfterFunc(saturated, func() { c.passOn(q) })
 	}
 }
 
