@@ -57,7 +57,7 @@ func (c *ServerClient) Claim(queue, id, retryMark, scheduledMark string) (res Wa
 	if waiting {
 		// The dequeue that waits takes it as it wakes, whatever woke it.
 		select {
-		case c.work <- struct{}{}:
+		case c.claimed <- struct{}{}:
 		default: // woken already
 		}
 	}

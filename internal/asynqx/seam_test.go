@@ -945,3 +945,59 @@ func TestClaimPassesTheDutyOn(t *testing.T) {
 		t.Fatal("a task pushed after the claim did not start within 10s: the saturated worker kept the duty (the other waits up to a minute)")
 	}
 }
+
+// TestClaimedTaskLeavesTheQueueAlone: a task claimed by the dequeue that
+// waited for work costs no dequeue of the (still empty) queue after it:
+// the next dequeue waits again at once, and a task pushed then is taken
+// by one dequeue.
+func TestClaimedTaskLeavesTheQueueAlone(t *testing.T) {
+	s := newSeam(t)
+	ctx := context.Background()
+	const mark = `fleetcap: waiting for seat of "k"`
+	const header = "waits"
+	// pops counts the dequeues that popped the queue (asynq's dequeue
+	// script runs RPOPLPUSH), -1 when Redis fails.
+	pops := func() int64 {
+		stats, err := s.rdb.Info(ctx, "commandstats").Result()
+		if err != nil {
+			return -1
+		}
+		for _, line := range strings.Split(stats, "\n") {
+			if rest, ok := strings.CutPrefix(line, "cmdstat_rpoplpush:calls="); ok {
+				var n int64
+				if _, err := fmt.Sscanf(rest, "%d", &n); err != nil {
+					return -1
+				}
+				return n
+			}
+		}
+		return 0
+	}
+	// A task's handler reads the count as it starts: with one slot, no
+	// dequeue runs meanwhile.
+	started := make(chan int64, 4)
+	c := s.serveSlots(1, time.Minute, func(ctx context.Context, task *asynq.Task) error {
+		started <- pops()
+		return nil
+	}, nil)
+	s.enqueue("ok")
+	<-started
+	waitfor.Condition(t, 10*time.Second, "the server waits for work", func() bool { return s.blockedIn("blmove") == 1 })
+	info, err := s.client.Enqueue(asynq.NewTaskWithHeaders("t", nil, map[string]string{header: "k"}), asynq.Queue("q"), asynq.ProcessIn(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitfor.Condition(t, 10*time.Second, "the server claims the task", func() bool {
+		res, handled := c.Claim("q", info.ID, mark, header)
+		return handled && res == asynqx.Woken
+	})
+	atClaimed := <-started
+	s.enqueue("ok")
+	atNext := <-started
+	if atClaimed < 0 || atNext < 0 {
+		t.Fatal("INFO commandstats failed")
+	}
+	if n := atNext - atClaimed; n != 1 {
+		t.Fatalf("%d dequeues popped the queue from the claimed task's start to the next task's, want 1 (the next task's)", n)
+	}
+}

@@ -52,6 +52,7 @@ type ServerClient struct {
 	saturation *time.Timer
 	arms       map[string]chan struct{}
 	work       chan struct{} // a watcher saw work
+	claimed    chan struct{} // a task was handed to the dequeue that waits (Claim)
 	stop       chan struct{}
 	stopped    bool
 	kept       map[string]kept // task id -> where Keep sends it instead of the archive
@@ -76,7 +77,7 @@ type kept struct {
 // workers of one fleet watch its queues together, and no other fleet's.
 func NewServerClient(rdb redis.UniversalClient, prefix string, queues []string, maxIdle time.Duration, log *slog.Logger) *ServerClient {
 	c := &ServerClient{UniversalClient: rdb, prefix: prefix, queues: map[string]bool{}, maxIdle: maxIdle, log: log, id: newID(),
-		empty: map[string]bool{}, onDuty: map[string]time.Time{}, backlog: map[string]*backlog{}, arms: map[string]chan struct{}{}, work: make(chan struct{}, 1),
+		empty: map[string]bool{}, onDuty: map[string]time.Time{}, backlog: map[string]*backlog{}, arms: map[string]chan struct{}{}, work: make(chan struct{}, 1), claimed: make(chan struct{}, 1),
 		stop: make(chan struct{}), kept: map[string]kept{}}
 	for _, q := range queues {
 		c.queues[q] = true
@@ -120,8 +121,11 @@ func (c *ServerClient) intercept(ctx context.Context, keys []string, args []any,
 		if cmd := c.takeClaimed(ctx, q, args); cmd != nil {
 			return cmd
 		}
-		c.waitForWork()
+		byClaim := c.waitForWork()
 		if cmd := c.takeClaimed(ctx, q, args); cmd != nil {
+			if byClaim {
+				c.stillEmpty() // nothing was pushed: the next dequeue waits at once
+			}
 			return cmd
 		}
 		cmd := run()
@@ -180,12 +184,13 @@ func queueOf(key, suffix string) (string, bool) {
 // once a second (see takeDuty), however many tasks trickle in.
 
 // waitForWork holds a dequeue while every queue was found empty, until a
-// watcher sees work, maxIdle passes, or Stop.
-func (c *ServerClient) waitForWork() {
+// watcher sees work, a task is claimed for it (then it reports true),
+// maxIdle passes, or Stop.
+func (c *ServerClient) waitForWork() (byClaim bool) {
 	c.mu.Lock()
 	if c.stopped || len(c.empty) < len(c.queues) {
 		c.mu.Unlock()
-		return
+		return false
 	}
 	clear(c.empty)
 	c.waiting = true
@@ -206,12 +211,26 @@ func (c *ServerClient) waitForWork() {
 	defer t.Stop()
 	select {
 	case <-c.work:
+	case <-c.claimed:
+		byClaim = true
 	case <-t.C:
 	case <-c.stop:
 	}
 	c.mu.Lock()
 	c.waiting = false
 	c.mu.Unlock()
+	return byClaim
+}
+
+// stillEmpty notes that every queue is as empty as when the dequeue that
+// took a claimed task began to wait: no watcher saw work meanwhile (one
+// that sees it later wakes the next wait at once).
+func (c *ServerClient) stillEmpty() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for q := range c.queues {
+		c.empty[q] = true
+	}
 }
 
 // noteDequeue records what a dequeue of q found. After a task taken on
