@@ -13,64 +13,75 @@
 // benchmarks of SPEC §4 (commands inside scripts counted one by one):
 //
 //   - A cap that is not reached (S2): none of its own, beside asynq's
-//     dequeue and done. The first task of a process takes, with its seat
-//     (acquire.lua), spare seats for the next ones (up to the worker's
-//     concurrency, never into the upper half of the key's seats), which
-//     they take and give back in memory (semaphore.Options.SpareSeats);
-//     the spare seats renew with one call every TTL/3. Measured: 3
-//     script calls a task, as bare asynq's 3.
-//   - A semaphore's own Acquire and Release (S3), or a task that finds no
-//     spare seat, on a key nobody waits for: two calls of quick.lua, the
-//     take (whether anybody waits, the server's time, the live seats, the
-//     seat and its lease, the fence: 7 or 8 commands) and the give (the
-//     room, the time, the seat, whether it was the last: 5 or 6), without
-//     the waiting room's functions (semaphore/quick.go). On a key with
-//     waiters, a seat given back while the process's own waiter is first
-//     in line goes to it in memory and moves with one call of
-//     handover.lua (semaphore/handover.go).
-//   - A cap that is full, tasks through the producer (S5, S10): about 57
-//     commands a task in all at 1 process, 62 to 63 at 5 and 20, asynq's
-//     included (about 20 of them: the enqueue, one dequeue and a fraction
-//     of an empty one, done; more empty ones, and the idle dequeue's duty,
-//     at 20). Per task, inside each script call: the producer's park (3:
-//     the time, its arrival, and whether tokens are parked ahead of it; the
-//     room is told its settings again only when the producer did not tell
-//     it the same ones within an eighth of its TTL; the first one parked
-//     also renews the parked key's TTL and lets the next token out if a
-//     place is free), with a reserve asked first only once a second while
-//     the key refuses places (the room is not looked through for a token
-//     made just now, semaphore.WithNewToken; see Gate.Route); one wake-up
-//     (wake.lua, 5); the enter of the woken task, standing by in its place
-//     (8: its place, looked up first, the live seats, its place's lease,
-//     its slot, and whether the slots' keys need their TTL; the process's
-//     presence is left to its recheck loop when that renewed it lately,
-//     the soonest lease expiry is asked for only when the process's
-//     recheck waits for none, and the room's settings only when the
-//     process did not tell it the same lately); and the release that hands
-//     its seat on (17: the lapsed leases, the seat, the next waiter, its
-//     fence; it does not ask whether anybody waits when a task of its
-//     process stood by lately; and, as a task of one cap and no rate limit
-//     starts as its seat comes, semaphore.WithStartOnSeat, the waiter's
-//     place and the next parked token let out for it, whom the waiter's
-//     Entry brings to a slot as it starts). A seat sent to another process
-//     leaves the place to that process's settle (8: the place, and the
-//     next parked token let out for it, by the room's settings its Entry
-//     brings; it frees no seat, so it counts none): in S5 at 20 processes
-//     one release in seven.
+//     dequeue and done. The first task of a process takes, with its
+//     seat (acquire.lua), spare seats for the next ones (up to the
+//     worker's concurrency, never into the upper half of the key's
+//     seats), which they take and give back in memory
+//     (semaphore.Options.SpareSeats); the spare seats renew with one
+//     call every TTL/3. Measured: 3 script calls a task, as bare
+//     asynq's 3.
+//   - A semaphore's own Acquire and Release (S3), or a task that finds
+//     no spare seat, on a key nobody waits for: two calls of quick.lua,
+//     the take (whether anybody waits, the server's time, the live
+//     seats, the seat and its lease, the fence: 7 or 8 commands) and
+//     the give (the room, the time, the seat, whether it was the last:
+//     5 or 6), without the waiting room's functions
+//     (semaphore/quick.go). On a key with waiters, a seat given back
+//     while the process's own waiter is first in line goes to it in
+//     memory and moves with one call of handover.lua
+//     (semaphore/handover.go).
+//   - A cap that is full, tasks through the producer (S5, S10): about
+//     50 commands a task in all at 1 process, 52 at 5 and 20, asynq's
+//     included (about 11 of them: the enqueue, 4, and done, 7; no
+//     dequeue of its queue, see the wake-up below). Per task, inside
+//     each script call: the producer's park (3: the time, its arrival,
+//     and whether tokens are parked ahead of it; the room is told its
+//     settings again only when the producer did not tell it the same
+//     ones within an eighth of its TTL; the first one parked also
+//     renews the parked key's TTL and lets the next token out if a
+//     place is free), with a reserve asked first only once a second
+//     while the key refuses places (the room is not looked through for
+//     a token made just now, semaphore.WithNewToken; see Gate.Route);
+//     one wake-up, which the worker that let the token out makes a
+//     dequeue of its own (claim.lua, 6: the task's state, the pause,
+//     and the moves from where it waits to the active list with its
+//     lease; asynqx.ServerClient.Claim), in place of wake.lua (5) and a
+//     dequeue of any worker (6), when it has a slot free: 95 tasks in
+//     100 at 1 process, 98 at 20; the enter of the woken task, standing
+//     by in its place (8: its place, looked up first, the live seats,
+//     its place's lease, its slot, and whether the slots' keys need
+//     their TTL; the process's presence is left to its recheck loop
+//     when that renewed it lately, the soonest lease expiry is asked
+//     for only when the process's recheck waits for none, and the
+//     room's settings only when the process did not tell it the same
+//     lately); and the release that hands its seat on (17: the lapsed
+//     leases, the seat, the next waiter, its fence; it does not ask
+//     whether anybody waits when a task of its process stood by lately;
+//     and, as a task of one cap and no rate limit starts as its seat
+//     comes, semaphore.WithStartOnSeat, the waiter's place and the next
+//     parked token let out for it, whom the waiter's Entry brings to a
+//     slot as it starts). A seat sent to another process leaves the
+//     place to that process's settle (8: the place, and the next parked
+//     token let out for it, by the room's settings its Entry brings; it
+//     frees no seat, so it counts none): in S5 at 20 processes one
+//     release in four.
 //   - A rate limit that is reached, tasks through the producer (S8):
-//     about 39 commands a task from the workers' start, 48 with the
-//     enqueue. The producer holds a backlog back in the limit's room (see
-//     Gate: the enqueue as scheduled, 4, and the park, 5), so a task is
-//     dequeued once, when its tokens are due: the room's hand-out (the
-//     look at the limit, 4, and the pop, 6; one process at a time hands
-//     a room's tokens out, ratelimit.DutyLease, and it asks again only
-//     when the next hand-out is due), the wake-up (6), the dequeue (7,
-//     and an empty one, 3, as the queue runs dry between hand-outs), the
-//     take (4), done (7), and the idle watch between (2). A task of one rate
-//     limit takes its tokens without peeking first. A template's key
-//     costs the same (39.2 with BENCH_S8_TEMPLATE=1): the producer notes
-//     a rendered key's room for the workers as it parks a task in it while
-//     empty (ratelimit.NoteRoom, one call). A task enqueued with plain
-//     asynq is dequeued before its tokens are due, goes back parked, and
-//     is dequeued again when they are (about 59 commands a task).
+//     about 31 commands a task from the workers' start, 40 with the
+//     enqueue. The producer holds a backlog back in the limit's room
+//     (see Gate: the enqueue as scheduled, 4, and the park, 5), so a
+//     task is dequeued once, when its tokens are due: the room's
+//     hand-out (the look at the limit, 4, and the pop, 6; one process
+//     at a time hands a room's tokens out, ratelimit.DutyLease, and it
+//     asks again only when the next hand-out is due), the wake-up,
+//     which the process on duty makes a dequeue of its own (claim.lua,
+//     7 with its call, in place of wake.lua, 6, a dequeue, 7, and an
+//     empty one, 3, as the queue ran dry between hand-outs), the take
+//     (4), and done (7). A task of one rate limit takes its tokens
+//     without peeking first. A template's key costs the same (39.2
+//     before the claim, with BENCH_S8_TEMPLATE=1): the producer notes a
+//     rendered key's room for the workers as it parks a task in it
+//     while empty (ratelimit.NoteRoom, one call). A task enqueued with
+//     plain asynq is dequeued before its tokens are due, goes back
+//     parked, and is dequeued again when they are (about 59 commands a
+//     task).
 package admission
