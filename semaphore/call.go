@@ -142,18 +142,11 @@ func (s *Service) settleArgs(key string, extra ...any) []any {
 // seats for its own waiters ("granted": token, member, fence triples), in memory,
 // and the tokens let out of the room ("woken"), to Options.OnWake. now is
 // the server time of the call ("now" of the reply when zero).
-func (s *Service) passOn(key string, r reply, now time.Time) { s.passSeatsOn(key, r, now, true) }
-
-// passSeatsOn is passOn; with grants false it hands on no seat (they stay
-// granted on the store, for the next recheck).
-func (s *Service) passSeatsOn(key string, r reply, now time.Time, grants bool) {
+func (s *Service) passOn(key string, r reply, now time.Time) {
 	if ms, err := r.int("now"); now.IsZero() && err == nil {
 		now = time.UnixMilli(ms)
 	}
-	var granted []string
-	if grants {
-		granted = r.strings("granted")
-	}
+	granted := r.strings("granted")
 	settled, later := r.strings("settled"), r.strings("later")
 	for i := 0; i+2 < len(granted); i += 3 {
 		fence, err := strconv.ParseUint(granted[i+2], 10, 64)

@@ -229,7 +229,6 @@ func (s *Service) release(ctx context.Context, p *Permit) (bool, error) {
 		if p.cfg.share != "" {
 			args = append(args, "fair", "1")
 		}
-		defer s.settleOwn(p.key)() // until its reply is handed on
 	}
 	rep, err := s.runBatched(releaseScript, p.k, args...)
 	if err != nil {

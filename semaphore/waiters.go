@@ -106,30 +106,6 @@ type keyWaits struct {
 	// presentAt is when the last call that renewed this process's
 	// presence in the key's room was sent (see presenceFresh).
 	presentAt time.Time
-	// settling counts this process's releases in flight that give their
-	// waiters' places on with their seats (WithStartOnSeat): a recheck
-	// leaves the seats it finds granted to them, so that each comes with
-	// the tokens let out in its place (see settleOwn).
-	settling int
-}
-
-// settleOwn counts a release of key in flight that gives places on with
-// seats; the release calls the func it returns once its reply is handed
-// on.
-func (s *Service) settleOwn(key string) (done func()) {
-	r := &s.waits
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	kw := r.keys[key]
-	if kw == nil {
-		return func() {} // no waiter here: no recheck to hold back
-	}
-	kw.settling++
-	return func() {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		kw.settling--
-	}
 }
 
 // presenceFresh reports whether this process renewed its presence in
@@ -469,12 +445,9 @@ func (s *Service) afterRecheck(key string, kw *keyWaits, rep reply, sent time.Ti
 		return err
 	}
 	s.clock.observeMillis(now, sent, time.Now())
-	r := &s.waits
-	r.mu.Lock()
-	settling := kw.settling > 0
-	r.mu.Unlock()
-	s.passSeatsOn(key, rep, time.UnixMilli(now), !settling)
+	s.passOn(key, rep, time.UnixMilli(now))
 	s.rejoin(key, rep.strings("lost"))
+	r := &s.waits
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if asked >= 0 && r.heard && r.subSeq == asked {
