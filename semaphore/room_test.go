@@ -557,6 +557,14 @@ func TestStartOnSeatGivesThePlaceOnWithTheSeat(t *testing.T) {
 			if first.Permit == nil || !standing.Standby || parked.Permit != nil || parked.Standby {
 				t.Fatalf("t0 %v, t1 standby %v, t2 %v/%v: want a seat, a standby place and the room", first.Permit, standing.Standby, parked.Permit, parked.Standby)
 			}
+			// A recheck of the line that reads the store between the
+			// release's script and its reply hands t1 its seat without
+			// the places' news, and the release then wakes t2 at once (a
+			// slot over the budget for a moment). Release just after a
+			// recheck whose loop then sleeps long.
+			waitfor.Condition(t, 10*time.Second, "the recheck loop sleeps long", func() bool {
+				return s.LineBackoff(key) >= 500*time.Millisecond
+			})
 			p := seatFrom(t, s, key, standing, first.Permit)
 			defer func() { _ = p.Release(ctx) }()
 			places := rdb.ZRange(ctx, storeKey(key, "places"), 0, -1).Val()
