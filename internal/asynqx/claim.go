@@ -120,7 +120,10 @@ func (c *ServerClient) runClaim(ctx context.Context, cl *claim, lease any) *redi
 	v, err := claimScript.Run(ctx, c.UniversalClient, []string{k.TaskPrefix + cl.id, k.Retry, k.Scheduled, k.Active, k.Lease, k.Paused},
 		cl.id, cl.retryMark, cl.scheduledMark, lease).Result()
 	if err != nil {
-		// Not claimed: the caller's Wake tries, and says what failed.
+		// Not claimed: the caller wakes the task instead. (Had the script
+		// run, the task is active under the lease, and asynq's recoverer
+		// brings it back once that runs out, as after a lost dequeue.)
+		c.log.Warn("asynqx: claim a woken task for this worker (it is woken through its queue instead)", "queue", cl.queue, "id", cl.id, "err", err)
 		cl.done <- claimed{}
 		return nil
 	}
@@ -134,13 +137,16 @@ func (c *ServerClient) runClaim(ctx context.Context, cl *claim, lease any) *redi
 		switch v {
 		case 0:
 			cl.done <- claimed{res: Gone, handled: true}
+			return nil
 		case 2:
 			cl.done <- claimed{res: Busy, handled: true}
-		default:
+			return nil
+		case 4: // pending, or its queue is paused: Wake's to handle
 			cl.done <- claimed{}
+			return nil
 		}
-	default:
-		cl.done <- claimed{}
 	}
+	c.log.Error("asynqx: claim.lua replied what this build does not know (the task is woken through its queue instead)", "queue", cl.queue, "id", cl.id, "reply", v)
+	cl.done <- claimed{}
 	return nil
 }
