@@ -96,10 +96,11 @@ func (k *Waker) bring(ctx context.Context, mark, token string, gone, paused func
 
 // bringBack moves the task of token to the dequeuing end of its queue, or
 // into a slot of this worker (see SetServer), and says what it found (see
-// asynqx.Wake; mark is the start of the message it waits with). A task that is still in its handler (parking itself) is
-// asked for again, 1 ms later, then 2, 4 and 8 ms apart, for 200 ms; if it
-// is still there, or Redis fails, Busy: its place lapses back to the room,
-// keeping its arrival.
+// asynqx.Wake; mark is the start of the message it waits with). A task
+// that is still in its handler (parking itself) is asked for again, 1 ms
+// later, then 2, 4 and 8 ms apart, for 200 ms; if it is still there, or
+// Redis fails, Busy: its place lapses back to the room, keeping its
+// arrival.
 func (k *Waker) bringBack(ctx context.Context, mark, token string) asynqx.WakeResult {
 	t, err := ParseToken(token)
 	if err != nil {

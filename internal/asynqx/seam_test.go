@@ -929,7 +929,7 @@ func TestClaimPassesTheDutyOn(t *testing.T) {
 		res, handled := first.Claim("q", info.ID, mark, header)
 		return handled && res == asynqx.Woken
 	})
-	if id := <-started; id != info.ID {
+	if id := receive(t, started, "the claimed task's start"); id != info.ID {
 		t.Fatalf("started %s, want the claimed %s", id, info.ID)
 	}
 	waitfor.Condition(t, 10*time.Second, "the second worker takes the duty (both watch the queue: the first's watch lasts its wait)", func() bool {
@@ -981,7 +981,7 @@ func TestClaimedTaskLeavesTheQueueAlone(t *testing.T) {
 		return nil
 	}, nil)
 	s.enqueue("ok")
-	<-started
+	receive(t, started, "the first task's start")
 	waitfor.Condition(t, 10*time.Second, "the server waits for work", func() bool { return s.blockedIn("blmove") == 1 })
 	info, err := s.client.Enqueue(asynq.NewTaskWithHeaders("t", nil, map[string]string{header: "k"}), asynq.Queue("q"), asynq.ProcessIn(time.Hour))
 	if err != nil {
@@ -991,13 +991,27 @@ func TestClaimedTaskLeavesTheQueueAlone(t *testing.T) {
 		res, handled := c.Claim("q", info.ID, mark, header)
 		return handled && res == asynqx.Woken
 	})
-	atClaimed := <-started
+	atClaimed := receive(t, started, "the claimed task's start")
 	s.enqueue("ok")
-	atNext := <-started
+	atNext := receive(t, started, "the next task's start")
 	if atClaimed < 0 || atNext < 0 {
 		t.Fatal("INFO commandstats failed")
 	}
 	if n := atNext - atClaimed; n != 1 {
 		t.Fatalf("%d dequeues popped the queue from the claimed task's start to the next task's, want 1 (the next task's)", n)
 	}
+}
+
+// receive takes the next value of ch, and fails the test when none comes
+// within 10 s.
+func receive[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: nothing within 10s", what)
+	}
+	var none T
+	return none
 }
