@@ -31,7 +31,7 @@
 //     memory and moves with one call of handover.lua
 //     (semaphore/handover.go).
 //   - A cap that is full, tasks through the producer (S5, S10): about
-//     50 commands a task in all at 1 process, 52 at 5 and 20, asynq's
+//     50 commands a task in all at 1 process, 50 to 51 at 5 and 20, asynq's
 //     included (about 11 of them: the enqueue, 4, and done, 7; no
 //     dequeue of its queue, see the wake-up below). Per task, inside
 //     each script call: the producer's park (3: the time, its arrival,
@@ -66,7 +66,7 @@
 //     frees no seat, so it counts none): in S5 at 20 processes one
 //     release in four.
 //   - A rate limit that is reached, tasks through the producer (S8):
-//     about 31 commands a task from the workers' start, 40 with the
+//     about 28 commands a task from the workers' start, 37 with the
 //     enqueue. The producer holds a backlog back in the limit's room
 //     (see Gate: the enqueue as scheduled, 4, and the park, 5), so a
 //     task is dequeued once, when its tokens are due: the room's
@@ -77,11 +77,11 @@
 //     7 with its call, in place of wake.lua, 6, a dequeue, 7, and an
 //     empty one, 3, as the queue ran dry between hand-outs), the take
 //     (4), and done (7). A task of one rate limit takes its tokens
-//     without peeking first. A template's key costs the same (39.2
-//     before the claim, with BENCH_S8_TEMPLATE=1): the producer notes a
+//     without peeking first. A template's key costs the same (28.3
+//     with BENCH_S8_TEMPLATE=1): the producer notes a
 //     rendered key's room for the workers as it parks a task in it
 //     while empty (ratelimit.NoteRoom, one call). A task enqueued with
 //     plain asynq is dequeued before its tokens are due, goes back
 //     parked, and is dequeued again when they are (about 59 commands a
-//     task).
+//     task, counted before the claim).
 package admission
