@@ -123,7 +123,8 @@ func (s *Service) presenceFresh(key string) bool {
 
 // earliestArmed reports whether key's recheck loop here waits for a
 // lease expiry still to come: an enter that stands by need not ask for
-// the soonest one. A lease granted since with an earlier expiry (a
+// the soonest one, nor drop lapsed leases (with one lease TTL on the key,
+// none lapsed before that expiry). A lease granted since with an earlier expiry (a
 // shorter lease TTL on the same key) that lapses is found by that
 // recheck, or by the workers' sweep (admit.lua), whichever comes first.
 func (s *Service) earliestArmed(key string) bool {

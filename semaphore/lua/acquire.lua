@@ -102,6 +102,12 @@ local function keep()
   if fresh then noteShare(a, token, arrival, nowus) end
 end
 
+-- An enter whose process's recheck of the key waits for a lease expiry
+-- still to come (armed) finds no lapsed lease to drop: with one lease TTL
+-- on the key, every lease lapses no sooner than that expiry. (A shorter
+-- lease that lapsed meanwhile is dropped by that recheck, or by the
+-- workers' sweep, admit.lua, as earliestArmed says.) One command less.
+if mode == 'enter' and a.armed == '1' then sweptAt = now end
 local free = math.max(capacity - liveHolders(now), 0)
 local own, woken, lost = {}, {}, {}
 local blocked = false
