@@ -167,8 +167,22 @@ func (s *Service) passOn(key string, r reply, now time.Time) {
 		}
 	}
 	s.woke(key, r.strings("woken"))
+	s.noteLetOut(key, r.strings("arrivals"))
 	s.noteHead(key, r)
 }
+
+// noteLetOut keeps the arrivals of the tokens a call let out of key's room
+// (token, arrival pairs), for their enter here: a task this Service's
+// OnWake brings back mostly comes to this process, and its enter need not
+// look its place up (see Enter).
+func (s *Service) noteLetOut(key string, arrivals []string) {
+	for i := 0; i+1 < len(arrivals); i += 2 {
+		s.letOut.Note(letOutKey(key, arrivals[i]), arrivals[i+1])
+	}
+}
+
+// letOutKey names a token let out of key's room in Service.letOut.
+func letOutKey(key, token string) string { return key + "\x00" + token }
 
 // wakeFlag tells the scripts whether to let tokens out of a room: only a
 // Service with OnWake does, so that others leave the rooms alone.

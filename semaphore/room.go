@@ -191,6 +191,9 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 		if s.earliestArmed(key) {
 			extra = append(extra, "armed", "1")
 		}
+		if arrival, ok := s.letOut.Take(letOutKey(key, token)); ok {
+			extra = append(extra, "placed", arrival)
+		}
 		note := roomNote(key, permits, room)
 		told := s.roomTold(note, room)
 		if told {

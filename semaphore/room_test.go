@@ -11,6 +11,7 @@ import (
 	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
 	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
 	"github.com/fleetcap/fleetcap/semaphore"
+	"github.com/redis/go-redis/v9"
 )
 
 // roomOf is a room with standby places.
@@ -688,5 +689,80 @@ func TestParkLetsOutWhenTheRoomIsGone(t *testing.T) {
 		if ttl := rdb.PTTL(ctx, storeKey(key, part)).Val(); ttl <= 0 {
 			t.Errorf("the %s key has TTL %v once t1 was let out again", part, ttl)
 		}
+	}
+}
+
+// TestEnterOfATokenLetOutHere: a task whose token this Service let out
+// enters without looking its place up (it knows the arrival), renewing the
+// place as it looks for it: the place then lasts Hold, not Transit. A
+// token whose place lapsed meanwhile, and which went back among the
+// parked, is not taken for placed: it leaves the parked for its place.
+func TestEnterOfATokenLetOutHere(t *testing.T) {
+	srv := redistest.Start(t)
+	woken := make(wakeLog, 16)
+	s := newService(t, srv.Client(), woken.option)
+	ctx := context.Background()
+	key := uniqueKey(t)
+	room := semaphore.Room{Standby: 1, Hold: 10 * time.Second, Transit: 50 * time.Millisecond, TTL: time.Minute}
+	if e := enter(t, s, key, 1, "holder", room); e.Permit == nil {
+		t.Fatal("the first task found no free seat")
+	}
+	places, parked := storeKey(key, "places"), storeKey(key, "parked")
+
+	// p is let out at once (a place is free); its task comes and stands
+	// by, and its place lasts Hold from then.
+	if _, err := s.Park(ctx, key, 1, "p", room); err != nil {
+		t.Fatal(err)
+	}
+	if token := woken.next(t); token != "p" {
+		t.Fatalf("let out %q, want p", token)
+	}
+	if e := enter(t, s, key, 1, "p", room); !e.Standby {
+		t.Fatal("p, let out, has no standby place")
+	}
+	serverClockPasses(t, srv.Client(), 60*time.Millisecond) // past Transit
+	if _, err := s.Admit(ctx, key, 1, room); err != nil {
+		t.Fatal(err)
+	}
+	lapses, err := srv.Client().ZScore(ctx, places, "p").Result()
+	if err != nil {
+		t.Fatalf("p holds no place: %v", err)
+	}
+	now, err := srv.Client().Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left := time.Duration(int64(lapses)-now.UnixMilli()) * time.Millisecond; left < time.Second {
+		t.Fatalf("p's place lapses in %s, want about Hold (10s) from its enter", left)
+	}
+	if err := s.Dismiss(ctx, key, "p"); err != nil {
+		t.Fatal(err)
+	}
+
+	// q is let out, and its place lapses before its task comes: it goes
+	// back among the parked.
+	if _, err := s.Park(ctx, key, 1, "q", room); err != nil {
+		t.Fatal(err)
+	}
+	if token := woken.next(t); token != "q" {
+		t.Fatalf("let out %q, want q", token)
+	}
+	serverClockPasses(t, srv.Client(), 60*time.Millisecond)
+	closed := room
+	closed.Standby = 0 // the sweep lets nobody out again
+	if _, err := s.Admit(ctx, key, 1, closed); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Client().ZScore(ctx, parked, "q").Err(); err != nil {
+		t.Fatalf("q, whose place lapsed, is not parked: %v", err)
+	}
+	if e := enter(t, s, key, 1, "q", room); !e.Standby {
+		t.Fatal("q, first parked with a place free, has no standby place")
+	}
+	if err := srv.Client().ZScore(ctx, parked, "q").Err(); err != redis.Nil {
+		t.Fatalf("q stands by and is still parked (ZSCORE: %v)", err)
+	}
+	if err := srv.Client().ZScore(ctx, places, "q").Err(); err != nil {
+		t.Fatalf("q stands by without a place: %v", err)
 	}
 }

@@ -151,7 +151,11 @@ type Service struct {
 	busy  *lately.Marks // keys found with somebody waiting lately (quick.go)
 	told  *lately.Marks // rooms told their settings lately (see roomTold)
 	roomy *lately.Marks // keys whose room held tokens lately: a task stood by or parked (see release)
-	clock clockOffset
+	// letOut keeps the arrivals of the tokens this Service let out of its
+	// keys' rooms lately (by key and token, see letOutKey), for the enter
+	// of a token whose task comes to this process (see Enter)
+	letOut *lately.Notes[string]
+	clock  clockOffset
 }
 
 // New returns a Service on rdb. It does not take ownership of rdb: Close
@@ -197,6 +201,7 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 		busy:     newBusyKeys(),
 		told:     &lately.Marks{For: time.Minute, Max: busyMax},
 		roomy:    newBusyKeys(),
+		letOut:   &lately.Notes[string]{For: time.Minute, Max: busyMax},
 	}, nil
 }
 

@@ -75,3 +75,27 @@ func marksWithin(t *testing.T) {
 		t.Fatal("a mark older than For is within an hour")
 	}
 }
+
+// TestNotesTakeOnce runs on synctest's clock: Take hands a note's value
+// back once, and never a lapsed one.
+func TestNotesTakeOnce(t *testing.T) { synctest.Test(t, notesTakeOnce) }
+
+func notesTakeOnce(t *testing.T) {
+	n := lately.Notes[string]{For: 50 * time.Millisecond, Max: 10}
+	if v, ok := n.Take("a"); ok {
+		t.Fatalf("a key never noted gave %q", v)
+	}
+	n.Note("a", "1")
+	n.Note("a", "2") // the later note wins
+	if v, ok := n.Take("a"); !ok || v != "2" {
+		t.Fatalf("Take = %q, %v; want the last note, 2", v, ok)
+	}
+	if v, ok := n.Take("a"); ok {
+		t.Fatalf("a note taken twice gave %q", v)
+	}
+	n.Note("b", "x")
+	time.Sleep(51 * time.Millisecond)
+	if v, ok := n.Take("b"); ok {
+		t.Fatalf("a note older than For gave %q", v)
+	}
+}

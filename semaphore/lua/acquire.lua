@@ -34,6 +34,9 @@
 --   told      enter: '1' when the caller's process told the room these
 --             settings lately (see roomTold): a token in its place does
 --             not tell them again (noteRoom)
+--   placed    enter: the token's arrival, when the caller let it out of
+--             the room itself (a reply's arrivals, see room.lua): its
+--             place is looked for by renewing it
 --   presence  enter: '0' when the process renewed its presence in the
 --             key's room lately, so the call need not
 --   wake      '1' when the caller brings tokens let out back (OnWake)
@@ -59,7 +62,8 @@
 -- once the task starts, settle.lua), spared (the spare seats taken
 -- under sparemember), granted
 -- (token, member, fence triples: the caller's waiters given a seat),
--- woken (tokens let out of the room, for the caller to bring back), lost
+-- woken (tokens let out of the room, for the caller to bring back),
+-- arrivals (theirs: token, arrival, ...), lost
 -- (recheck: the caller's tokens to join again); a join that got no seat,
 -- and a recheck with head '1', also say the line's head and clear (see
 -- lineHead).
@@ -78,8 +82,17 @@ local nowus = micros(t)
 -- A task let out of the room comes to its slot holding a place: the
 -- common enter of a full key, so its place is looked for first (a room
 -- that holds a place is not empty).
-local placedAt = false
-if mode == 'enter' and token ~= '' then placedAt = redis.call('HGET', KEYS[7], token) end
+-- A caller that let the token out itself knows its arrival (placed, from
+-- the reply's arrivals): the place is renewed as it is looked for, one
+-- command for two.
+local placedAt, renewed = false, false
+if mode == 'enter' and token ~= '' then
+  if a.placed and redis.call('ZADD', KEYS[6], 'XX', 'CH', now + tonumber(a.hold), token) == 1 then
+    placedAt, renewed = a.placed, true
+  else
+    placedAt = redis.call('HGET', KEYS[7], token)
+  end
+end
 local waitedFor = true
 if not placedAt then waitedFor = occupied() end
 local roomed = waitedFor
@@ -209,7 +222,7 @@ elseif mode == 'enter' or mode == 'reserve' then
       redis.call('ZREM', KEYS[5], token)
       redis.call('ZREM', KEYS[9], token)
     end
-    redis.call('ZADD', KEYS[6], now + lease, token)
+    if not renewed then redis.call('ZADD', KEYS[6], now + lease, token) end
     if not inPlace then redis.call('HSET', KEYS[7], token, arrival) end
     keep()
     -- The places' keys live on as noteRoom renews them; new ones get
@@ -260,7 +273,7 @@ if (outcome == 'waiting' or outcome == 'standby') and a.armed ~= '1' then
   if #e > 0 then earliest = tonumber(e[2]) end
 end
 local reply = {'outcome', outcome, 'now', now, 'fence', fence, 'arrival', arrival, 'earliest', earliest, 'free', free, 'kept', kept, 'spared', spared,
-  'granted', own, 'woken', woken, 'lost', lost}
+  'granted', own, 'woken', woken, 'arrivals', arrivals, 'lost', lost}
 if (mode == 'join' or (mode == 'recheck' and a.head == '1')) and outcome ~= 'seat' then
   local head, clear = lineHead()
   reply[#reply + 1], reply[#reply + 2], reply[#reply + 3], reply[#reply + 4] = 'head', head, 'clear', clear

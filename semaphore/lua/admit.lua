@@ -27,4 +27,4 @@ if every > 0 and tonumber(redis.call('HGET', KEYS[8], 'auditat') or '0') <= now 
   audit = redis.call('ZRANGE', KEYS[5], 0, tonumber(a.auditmax) - 1)
 end
 local own, woken = settle(now, t, tonumber(a.capacity), a)
-return {'now', now, 'granted', own, 'woken', woken, 'audit', audit}
+return {'now', now, 'granted', own, 'woken', woken, 'arrivals', arrivals, 'audit', audit}

@@ -14,4 +14,4 @@ local capacity = roomCapacity(-1)
 stepAside(a.token, micros(t))
 recallSpares(a.prefix or '', a.key or '')
 local own, woken = settle(now, t, capacity, a)
-return {'now', now, 'granted', own, 'woken', woken}
+return {'now', now, 'granted', own, 'woken', woken, 'arrivals', arrivals}

@@ -11,4 +11,4 @@ local a = args()
 local now, t = clock()
 forget(a.token)
 local own, woken = settle(now, t, roomCapacity(-1), a)
-return {'now', now, 'granted', own, 'woken', woken}
+return {'now', now, 'granted', own, 'woken', woken, 'arrivals', arrivals}

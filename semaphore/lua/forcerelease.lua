@@ -21,4 +21,4 @@ recallSpares(a.prefix or '', a.key or '') -- their seats went with the rest
 local capacity = tonumber(a.capacity)
 if capacity < 0 then capacity = roomCapacity(-1) end
 local own, woken = settle(now, t, capacity, a)
-return {'displaced', live, 'now', now, 'granted', own, 'woken', woken}
+return {'displaced', live, 'now', now, 'granted', own, 'woken', woken, 'arrivals', arrivals}

@@ -51,4 +51,4 @@ end
 if s and (meanwhile or not held) then own, woken = settle(now, t, tonumber(a.capacity), a, false, true) end
 local head, clear = lineHead()
 return {'moved', moved, 'held', held and 1 or 0, 'now', now, 'fence', fence, 'head', head, 'clear', clear,
-  'granted', own, 'woken', woken}
+  'granted', own, 'woken', woken, 'arrivals', arrivals}

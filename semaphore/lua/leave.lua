@@ -44,4 +44,4 @@ end
 local capacity = tonumber(a.capacity)
 if capacity < 0 then capacity = roomCapacity(-1) end
 local own, woken = settle(now, t, capacity, a, known)
-return {'returned', returned, 'now', now, 'granted', own, 'woken', woken}
+return {'returned', returned, 'now', now, 'granted', own, 'woken', woken, 'arrivals', arrivals}

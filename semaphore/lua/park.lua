@@ -38,4 +38,4 @@ if a.wake == '1' then woken, placed = admit(now, math.max(tonumber(a.capacity) -
 if placed == 0 then recallSpares(a.prefix or '', a.key or '') end
 local first = 0
 if rank == 0 then first = 1 end
-return {'woken', woken, 'first', first}
+return {'woken', woken, 'arrivals', arrivals, 'first', first}

@@ -61,7 +61,7 @@ if not seated and redis.call('EXISTS', KEYS[1]) == 0 then
   -- next fence takes the server's clock for its floor, see nextFence).
   redis.call('DEL', KEYS[10])
 end
-local reply = {'held', held, 'now', now, 'granted', own, 'settled', settled, 'later', later, 'woken', woken}
+local reply = {'held', held, 'now', now, 'granted', own, 'settled', settled, 'later', later, 'woken', woken, 'arrivals', arrivals}
 if a.head == '1' then
   local head, clear = lineHead()
   reply[#reply + 1], reply[#reply + 2], reply[#reply + 3], reply[#reply + 4] = 'head', head, 'clear', clear

@@ -428,6 +428,11 @@ local function reclaim(now)
   return #lapsed
 end
 
+-- arrivals names the tokens this call let out (admit) with their
+-- arrivals, token after token: the reply's "arrivals", which the caller
+-- keeps for their enter (see acquire.lua's placed).
+local arrivals = {}
+
 -- admit gives standby places to the parked tokens that arrived first,
 -- while fewer than the budget (the standby budget, or the free seats when
 -- more) hold one, and returns them, and how many places there were before
@@ -453,6 +458,7 @@ local function admit(now, free)
     redis.call('HSET', KEYS[7], first[1], first[2])
     standing = standing + 1
     out[#out + 1] = first[1]
+    arrivals[#arrivals + 1], arrivals[#arrivals + 2] = first[1], first[2]
   end
   -- (A room whose settings are gone, dropped as it emptied a moment
   -- before or lapsed, keeps its places' keys for the default TTL.)

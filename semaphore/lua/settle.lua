@@ -28,4 +28,4 @@ if not redis.call('ZSCORE', KEYS[2], a.token) then
   end
 end
 local woken = passOnPlaces(now, a.wake, left)
-return {'now', now, 'granted', {}, 'woken', woken}
+return {'now', now, 'granted', {}, 'woken', woken, 'arrivals', arrivals}
