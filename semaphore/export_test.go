@@ -69,3 +69,11 @@ func (s *Service) WaitingBehind(key string) int {
 // PendingWakes are the tokens e hands to OnWake as it settles: let out in
 // its place by the release that gave it its seat (WithStartOnSeat).
 func (e *Entry) PendingWakes() []string { return e.later }
+
+// EarliestArmed reports whether key's recheck loop in s waits for a lease
+// expiry still to come (earliestArmed), for tests.
+func (s *Service) EarliestArmed(key string) bool { return s.earliestArmed(key) }
+
+// NoLapse reports whether a release of p now would tell release.lua that
+// no lease lapsed (noLapse), for tests.
+func (s *Service) NoLapse(p *Permit) bool { return s.noLapse(p) }

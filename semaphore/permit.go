@@ -222,6 +222,9 @@ func (s *Service) release(ctx context.Context, p *Permit) (bool, error) {
 	if s.roomy.Recent(p.key) {
 		args = append(args, "busy", "1") // tokens wait in its room: release.lua need not ask
 	}
+	if s.noLapse(p) {
+		args = append(args, "nolapse", "1") // release.lua need not drop lapsed leases first
+	}
 	if r := p.cfg.room; r != nil && s.allStartOnSeat(p.key) {
 		// Its waiters here start as their seat comes: their places go on
 		// with their seats, by the settings of the room it entered.
@@ -248,6 +251,20 @@ func (p *Permit) localDeadline() time.Time {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.deadline
+}
+
+// noLapse reports whether no lease of p's key lapsed, p's included: p's
+// lease has more than half its TTL to run, by the local clock, and this
+// process rechecks the key at a lease expiry still to come (see
+// earliestArmed).
+func (s *Service) noLapse(p *Permit) bool { return p.surelyLive() && s.earliestArmed(p.key) }
+
+// surelyLive reports whether the lease has more than half its TTL to run,
+// by the local clock: a release sent now finds it live.
+func (p *Permit) surelyLive() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return time.Until(p.deadline) > p.ttl/2
 }
 
 // localAcquired estimates the local time of acquisition.

@@ -2,6 +2,7 @@ package semaphore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -764,5 +765,75 @@ func TestEnterOfATokenLetOutHere(t *testing.T) {
 	}
 	if err := srv.Client().ZScore(ctx, places, "q").Err(); err != nil {
 		t.Fatalf("q stands by without a place: %v", err)
+	}
+}
+
+// TestReleaseOfALapsedLeaseWhileArmed: a release whose process rechecks
+// the key at a lease expiry still to come skips dropping lapsed leases,
+// but only while its own lease surely runs: a shorter lease that lapsed
+// meanwhile is still found lost.
+func TestReleaseOfALapsedLeaseWhileArmed(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	s := newService(t, srv.Client())
+	other, third := newService(t, srv.Client()), newService(t, srv.Client())
+	key := uniqueKey(t)
+	room := roomOf(2)
+	long := mustAcquire(t, other, key, 2, semaphore.WithTTL(20*time.Second))
+	mustAcquire(t, other, key, 2, semaphore.WithTTL(20*time.Second))
+	short := semaphore.WithTTL(300 * time.Millisecond)
+	first := enter(t, s, key, 2, "t1", room, short)
+	// Another process's waiter is next in line, so that t1's release goes
+	// through release.lua (not a hand-over to a waiter of its own).
+	waiting := make(chan *semaphore.Permit, 1)
+	go func() {
+		q, err := third.Acquire(ctx, key, 2, semaphore.WithWaitTimeout(10*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		waiting <- q
+	}()
+	waitfor.Condition(t, 5*time.Second, "the other waiter in line", func() bool { return third.LocalWaiters(key) == 1 })
+	if second := enter(t, s, key, 2, "t2", room, short); !first.Standby || !second.Standby {
+		t.Fatal("t1 and t2 do not both stand by")
+	}
+	got := make(chan *semaphore.Permit, 1)
+	go func() {
+		p, err := first.Wait(ctx, semaphore.WithWaitTimeout(5*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- p
+	}()
+	waitfor.Condition(t, 5*time.Second, "t1 and t2 wait in line", func() bool { return s.LocalWaiters(key) == 2 })
+	if err := long.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var p *semaphore.Permit
+	select {
+	case p = <-got:
+	case <-time.After(5 * time.Second):
+		t.Fatal("t1 got no seat within 5s")
+	}
+	if p == nil {
+		t.FailNow()
+	}
+	serverClockPasses(t, srv.Client(), 400*time.Millisecond) // t1's lease lapses
+	if !s.EarliestArmed(key) {
+		t.Fatal("t2's recheck is not armed for the long lease: the test sees nothing")
+	}
+	if s.NoLapse(p) {
+		t.Fatal("the release of t1's lapsed lease would skip dropping lapsed leases")
+	}
+	if err := p.Release(ctx); !errors.Is(err, semaphore.ErrPermitNotHeld) {
+		t.Fatalf("release of a lapsed lease: %v, want ErrPermitNotHeld", err)
+	}
+	select {
+	case q := <-waiting:
+		if q == nil {
+			t.Fatal("the other process's waiter got no seat")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the lapsed seat did not go to the next in line within 5s")
 	}
 }

@@ -11,7 +11,10 @@
 --   spare.go): spare '1', and keep, the seats it keeps (the others go
 --   back; 0 or none: all); settleown ('1': the caller's waiters start as
 --   their seat comes), with the room's budget, transit and keyttl, and
---   fair ('1': the key's tokens have notes of their real arrival)
+--   fair ('1': the key's tokens have notes of their real arrival);
+--   nolapse ('1': the seat's lease is surely live, and the caller's
+--   process rechecks the key at a lease expiry still to come, so that no
+--   lease lapsed: see earliestArmed)
 --
 -- Reply, name/value pairs: held (1 when the seat was still held, 0 when it
 -- was already lost), granted (tokens of the caller's channel given a seat),
@@ -22,8 +25,9 @@
 local a = args()
 local now, t = clock()
 -- Lapsed leases go first: the seat is still held when it is among the
--- rest (its lease had not run out).
-sweepHolders(now)
+-- rest (its lease had not run out). A caller that knows none lapsed
+-- (nolapse) saves the command.
+if a.nolapse == '1' then sweptAt = now else sweepHolders(now) end
 local seats, keep = tonumber(a.seats or '1'), tonumber(a.keep or '0')
 local held = 0
 if keep > 0 then
