@@ -31,8 +31,8 @@
 //     memory and moves with one call of handover.lua
 //     (semaphore/handover.go).
 //   - A cap that is full, tasks through the producer (S5, S10): about
-//     50 commands a task in all at 1 process, 50 to 51 at 5 and 20, asynq's
-//     included (about 11 of them: the enqueue, 4, and done, 7; no
+//     47 commands a task in all at 1 process, 47 to 48 at 5 and 20,
+//     asynq's included (about 11 of them: the enqueue, 4, and done, 7; no
 //     dequeue of its queue, see the wake-up below). Per task, inside
 //     each script call: the producer's park (3: the time, its arrival,
 //     and whether tokens are parked ahead of it; the room is told its
@@ -48,23 +48,28 @@
 //     lease; asynqx.ServerClient.Claim), in place of wake.lua (5) and a
 //     dequeue of any worker (6), when it has a slot free: 95 tasks in
 //     100 at 1 process, 98 at 20; the enter of the woken task, standing
-//     by in its place (8: its place, looked up first, the live seats,
-//     its place's lease, its slot, and whether the slots' keys need
-//     their TTL; the process's presence is left to its recheck loop
-//     when that renewed it lately, the soonest lease expiry is asked
-//     for only when the process's recheck waits for none, and the
-//     room's settings only when the process did not tell it the same
-//     lately); and the release that hands its seat on (17: the lapsed
-//     leases, the seat, the next waiter, its fence; it does not ask
-//     whether anybody waits when a task of its process stood by lately;
-//     and, as a task of one cap and no rate limit starts as its seat
-//     comes, semaphore.WithStartOnSeat, the waiter's place and the next
-//     parked token let out for it, whom the waiter's Entry brings to a
-//     slot as it starts). A seat sent to another process leaves the
-//     place to that process's settle (8: the place, and the next parked
-//     token let out for it, by the room's settings its Entry brings; it
-//     frees no seat, so it counts none): in S5 at 20 processes one
-//     release in four.
+//     by in its place (6: its place, renewed as it is looked for, since
+//     the process that let the token out knows its arrival from that
+//     call's reply; the live seats, counted without dropping lapsed
+//     leases first while the process's recheck waits for a lease expiry
+//     still to come, as none lapsed before it with one lease TTL on the
+//     key; its slot; and whether the slots' keys need their TTL; the
+//     process's presence is left to its recheck loop when that renewed
+//     it lately, the soonest lease expiry is asked for only when the
+//     process's recheck waits for none, and the room's settings only
+//     when the process did not tell it the same lately); and the
+//     release that hands its seat on (16: the seat, the next waiter,
+//     its fence, and the lapsed leases first unless, as for the enter,
+//     none lapsed and its own lease has over half its TTL to run; it
+//     does not ask whether anybody waits when a task of its process
+//     stood by lately; and, as a task of one cap and no rate limit
+//     starts as its seat comes, semaphore.WithStartOnSeat, the waiter's
+//     place and the next parked token let out for it, whom the waiter's
+//     Entry brings to a slot as it starts). A seat sent to another
+//     process leaves the place to that process's settle (8: the place,
+//     and the next parked token let out for it, by the room's settings
+//     its Entry brings; it frees no seat, so it counts none): in S5 at
+//     20 processes one release in four.
 //   - A rate limit that is reached, tasks through the producer (S8):
 //     about 28 commands a task from the workers' start, 37 with the
 //     enqueue. The producer holds a backlog back in the limit's room
