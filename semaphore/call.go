@@ -146,6 +146,9 @@ func (s *Service) passOn(key string, r reply, now time.Time) {
 	if ms, err := r.int("now"); now.IsZero() && err == nil {
 		now = time.UnixMilli(ms)
 	}
+	// The arrivals first: a token let out may come back to enter before
+	// this returns (its seat's waiter starts, and hands it on as it does).
+	s.noteLetOut(key, r.strings("arrivals"))
 	granted := r.strings("granted")
 	settled, later := r.strings("settled"), r.strings("later")
 	for i := 0; i+2 < len(granted); i += 3 {
@@ -167,7 +170,6 @@ func (s *Service) passOn(key string, r reply, now time.Time) {
 		}
 	}
 	s.woke(key, r.strings("woken"))
-	s.noteLetOut(key, r.strings("arrivals"))
 	s.noteHead(key, r)
 }
 
