@@ -56,7 +56,8 @@ func (r Room) check() error {
 }
 
 // defaultRoomTTL is how long a waiting room's keys outlive a call when
-// the caller did not say (the scripts' default too).
+// the caller did not say (the scripts' default too, defaultKeyTTL, see
+// roomScript).
 const defaultRoomTTL = 3 * time.Minute
 
 // roomNote names key's room with the settings and capacity a call tells

@@ -74,8 +74,11 @@ func script(name string) *redis.Script {
 // first (after nextfence.lua). Its KEYS are those of keys.all; its ARGV
 // are name/value pairs.
 func roomScript(name string) *redis.Script {
-	return redis.NewScript(luaFile("nextfence.lua") + luaFile("room.lua") + luaFile(name))
+	return redis.NewScript(roomDefaults + luaFile("nextfence.lua") + luaFile("room.lua") + luaFile(name))
 }
+
+// roomDefaults are the room scripts' defaults, from this package's.
+var roomDefaults = fmt.Sprintf("local defaultKeyTTL = '%d'\n", defaultRoomTTL.Milliseconds())
 
 func luaFile(name string) string {
 	src, err := luaFiles.ReadFile("lua/" + name)

@@ -26,7 +26,7 @@ if not waited then returned = unhold(a.member, tonumber(a.seats or '1')) end
 local known = false -- somebody is known to wait still
 if a.how == 'park' then
   park(token, (arrivalOf(token, micros(t))))
-  redis.call('PEXPIRE', KEYS[5], a.keyttl or '180000')
+  redis.call('PEXPIRE', KEYS[5], a.keyttl or defaultKeyTTL)
   known = true
 elseif waited then
   -- An Acquire's token ('drop') only ever waits in a process: it leaves

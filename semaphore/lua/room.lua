@@ -1,7 +1,9 @@
 -- room.lua: what every script of a semaphore's seats and waiting room
 -- shares; it is prepended to each of them (see roomScript in
 -- semaphore.go). Arguments come as name/value pairs (args), replies go as
--- name/value pairs too (see reply in acquire.go).
+-- name/value pairs too (see reply in acquire.go). roomScript puts
+-- defaultKeyTTL before it: the ms the room's keys outlive a call that did
+-- not say (the Go package's defaultRoomTTL).
 --
 -- A seat is a leased member of holders. Whoever waits for a seat is a
 -- token, in one of three places, first come first served by arrival
@@ -270,7 +272,7 @@ end
 -- it is kept in the room (it waits, stands by or is parked).
 local function noteShare(a, token, arrival, nowus)
   if (a.share or '') == '' then return end
-  local keyttl = a.keyttl or redis.call('HGET', KEYS[8], 'keyttl') or '180000'
+  local keyttl = a.keyttl or redis.call('HGET', KEYS[8], 'keyttl') or defaultKeyTTL
   redis.call('HSET', KEYS[11], a.share, arrival)
   redis.call('HSET', KEYS[12], token, nowus .. '\t' .. a.share)
   redis.call('PEXPIRE', KEYS[11], keyttl)
@@ -285,7 +287,7 @@ local asideFor = 3600 * 1000000
 -- it holds one, but keeps its arrival for when its task comes back.
 local function stepAside(token, nowus)
   local arrival = knownArrival(token)
-  local keyttl = redis.call('HGET', KEYS[8], 'keyttl') or '180000'
+  local keyttl = redis.call('HGET', KEYS[8], 'keyttl') or defaultKeyTTL
   local real = redis.call('HGET', KEYS[12], token)
   forget(token)
   if not arrival then return end
@@ -424,7 +426,7 @@ local function reclaim(now)
     park(token, arrival or now * 1000)
   end
   -- The parked key may be new: it lives as long as the room.
-  if #lapsed > 0 then redis.call('PEXPIRE', KEYS[5], roomSettings()[4] or '180000') end
+  if #lapsed > 0 then redis.call('PEXPIRE', KEYS[5], roomSettings()[4] or defaultKeyTTL) end
   return #lapsed
 end
 
@@ -462,7 +464,7 @@ local function admit(now, free)
   end
   -- (A room whose settings are gone, dropped as it emptied a moment
   -- before or lapsed, keeps its places' keys for the default TTL.)
-  if made and #out > 0 then keepPlaces(room[4] or '180000') end
+  if made and #out > 0 then keepPlaces(room[4] or defaultKeyTTL) end
   return out, before
 end
 
