@@ -992,6 +992,9 @@ func TestClaimedTaskLeavesTheQueueAlone(t *testing.T) {
 		return handled && res == asynqx.Woken
 	})
 	atClaimed := receive(t, started, "the claimed task's start")
+	// The server's next dequeue waits for work: any pop of the empty queue
+	// came before (it pops, finds nothing, then waits).
+	waitfor.Condition(t, 10*time.Second, "the next dequeue waits for work", c.WaitsForWork)
 	s.enqueue("ok")
 	atNext := receive(t, started, "the next task's start")
 	if atClaimed < 0 || atNext < 0 {
