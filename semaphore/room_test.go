@@ -698,34 +698,37 @@ func TestParkLetsOutWhenTheRoomIsGone(t *testing.T) {
 // place as it looks for it: the place then lasts Hold, not Transit. A
 // token whose place lapsed meanwhile, and which went back among the
 // parked, is not taken for placed: it leaves the parked for its place.
+// (Two keys: a task standing by on the first would have its process's
+// recheck let the second's lapsed token out again.)
 func TestEnterOfATokenLetOutHere(t *testing.T) {
 	srv := redistest.Start(t)
 	woken := make(wakeLog, 16)
 	s := newService(t, srv.Client(), woken.option)
 	ctx := context.Background()
-	key := uniqueKey(t)
+	standing, lapsing := uniqueKey(t)+"-standing", uniqueKey(t)+"-lapsing"
 	room := semaphore.Room{Standby: 1, Hold: 10 * time.Second, Transit: 50 * time.Millisecond, TTL: time.Minute}
-	if e := enter(t, s, key, 1, "holder", room); e.Permit == nil {
-		t.Fatal("the first task found no free seat")
+	for _, key := range []string{standing, lapsing} {
+		if e := enter(t, s, key, 1, "holder", room); e.Permit == nil {
+			t.Fatalf("the first task of %s found no free seat", key)
+		}
 	}
-	places, parked := storeKey(key, "places"), storeKey(key, "parked")
 
 	// p is let out at once (a place is free); its task comes and stands
 	// by, and its place lasts Hold from then.
-	if _, err := s.Park(ctx, key, 1, "p", room); err != nil {
+	if _, err := s.Park(ctx, standing, 1, "p", room); err != nil {
 		t.Fatal(err)
 	}
 	if token := woken.next(t); token != "p" {
 		t.Fatalf("let out %q, want p", token)
 	}
-	if e := enter(t, s, key, 1, "p", room); !e.Standby {
+	if e := enter(t, s, standing, 1, "p", room); !e.Standby {
 		t.Fatal("p, let out, has no standby place")
 	}
 	serverClockPasses(t, srv.Client(), 60*time.Millisecond) // past Transit
-	if _, err := s.Admit(ctx, key, 1, room); err != nil {
+	if _, err := s.Admit(ctx, standing, 1, room); err != nil {
 		t.Fatal(err)
 	}
-	lapses, err := srv.Client().ZScore(ctx, places, "p").Result()
+	lapses, err := srv.Client().ZScore(ctx, storeKey(standing, "places"), "p").Result()
 	if err != nil {
 		t.Fatalf("p holds no place: %v", err)
 	}
@@ -736,13 +739,10 @@ func TestEnterOfATokenLetOutHere(t *testing.T) {
 	if left := time.Duration(int64(lapses)-now.UnixMilli()) * time.Millisecond; left < time.Second {
 		t.Fatalf("p's place lapses in %s, want about Hold (10s) from its enter", left)
 	}
-	if err := s.Dismiss(ctx, key, "p"); err != nil {
-		t.Fatal(err)
-	}
 
 	// q is let out, and its place lapses before its task comes: it goes
 	// back among the parked.
-	if _, err := s.Park(ctx, key, 1, "q", room); err != nil {
+	if _, err := s.Park(ctx, lapsing, 1, "q", room); err != nil {
 		t.Fatal(err)
 	}
 	if token := woken.next(t); token != "q" {
@@ -751,19 +751,20 @@ func TestEnterOfATokenLetOutHere(t *testing.T) {
 	serverClockPasses(t, srv.Client(), 60*time.Millisecond)
 	closed := room
 	closed.Standby = 0 // the sweep lets nobody out again
-	if _, err := s.Admit(ctx, key, 1, closed); err != nil {
+	if _, err := s.Admit(ctx, lapsing, 1, closed); err != nil {
 		t.Fatal(err)
 	}
+	parked := storeKey(lapsing, "parked")
 	if err := srv.Client().ZScore(ctx, parked, "q").Err(); err != nil {
 		t.Fatalf("q, whose place lapsed, is not parked: %v", err)
 	}
-	if e := enter(t, s, key, 1, "q", room); !e.Standby {
+	if e := enter(t, s, lapsing, 1, "q", room); !e.Standby {
 		t.Fatal("q, first parked with a place free, has no standby place")
 	}
 	if err := srv.Client().ZScore(ctx, parked, "q").Err(); err != redis.Nil {
 		t.Fatalf("q stands by and is still parked (ZSCORE: %v)", err)
 	}
-	if err := srv.Client().ZScore(ctx, places, "q").Err(); err != nil {
+	if err := srv.Client().ZScore(ctx, storeKey(lapsing, "places"), "q").Err(); err != nil {
 		t.Fatalf("q stands by without a place: %v", err)
 	}
 }
@@ -835,5 +836,59 @@ func TestReleaseOfALapsedLeaseWhileArmed(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the lapsed seat did not go to the next in line within 5s")
+	}
+}
+
+// TestStepAsideInTransit: a token let out whose task did not come for its
+// place gives the place to the next and keeps its arrival aside; a token
+// whose task came (it stands by) or that holds no place (parked) stays as
+// it is.
+func TestStepAsideInTransit(t *testing.T) {
+	srv, s, woken, key := wokenService(t)
+	ctx := context.Background()
+	room := roomOf(1)
+	if e := enter(t, s, key, 1, "holder", room); e.Permit == nil {
+		t.Fatal("the first task found no free seat")
+	}
+	for _, token := range []string{"a", "b"} {
+		if _, err := s.Park(ctx, key, 1, token, room); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if token := woken.next(t); token != "a" {
+		t.Fatalf("let out %q, want a", token)
+	}
+	// b holds no place: it stays parked.
+	if err := s.StepAsideInTransit(ctx, key, "b"); err != nil {
+		t.Fatal(err)
+	}
+	parked, aside := storeKey(key, "parked"), storeKey(key, "aside")
+	if err := srv.Client().ZScore(ctx, parked, "b").Err(); err != nil {
+		t.Fatalf("b, parked, left the parked: %v", err)
+	}
+	woken.none(t)
+	// a is in transit: its place goes to b, and it keeps its arrival.
+	arrival := srv.Client().HGet(ctx, storeKey(key, "since"), "a").Val()
+	if err := s.StepAsideInTransit(ctx, key, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if token := woken.next(t); token != "b" {
+		t.Fatalf("let out %q, want b in a's place", token)
+	}
+	if got, err := srv.Client().ZScore(ctx, aside, "a").Result(); err != nil || strconv.FormatFloat(got, 'f', -1, 64) != arrival {
+		t.Fatalf("a aside at %v (%v), want its arrival %s", got, err, arrival)
+	}
+	// b's task comes and stands by: it keeps its place.
+	if e := enter(t, s, key, 1, "b", room); !e.Standby {
+		t.Fatal("b, let out, has no standby place")
+	}
+	if err := s.StepAsideInTransit(ctx, key, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Client().ZScore(ctx, storeKey(key, "places"), "b").Err(); err != nil {
+		t.Fatalf("b, standing by, lost its place: %v", err)
+	}
+	if err := srv.Client().ZScore(ctx, storeKey(key, "waiting"), "b").Err(); err != nil {
+		t.Fatalf("b, standing by, left the line: %v", err)
 	}
 }
