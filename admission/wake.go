@@ -29,8 +29,10 @@ import (
 // and its place (or a rate limit's hand-out) goes to the next. A task run
 // by hand waits pending with its place. A task of a paused queue steps
 // aside: it holds no place and spends no hand-out while its queue is
-// paused, and keeps its arrival for when it resumes. Both rooms' wake-ups
-// go through Waker.bring. Its delay in asynq is only the safety net.
+// paused, and keeps its arrival for when it resumes. A cap's token whose
+// task is still in a worker's hands after 200 ms steps aside too (see
+// bringCap). Both rooms' wake-ups go through Waker.bring. Its delay in
+// asynq is only the safety net.
 
 // Waker brings the tasks a cap's room lets out to their queue: give its
 // OnWake to semaphore.Options.OnWake. The worker and the producer's Gate
@@ -64,10 +66,41 @@ func (k *Waker) OnWake(key string, tokens []string) {
 	ctx, cancel := context.WithTimeout(context.Background(), storeCallTimeout)
 	defer cancel()
 	for _, token := range tokens {
-		k.bring(ctx, Mark(KindCap, key), token,
-			func(ctx context.Context) error { return k.sem.Dismiss(ctx, key, token) },
-			func(ctx context.Context) error { return k.sem.StepAside(ctx, key, token) })
+		k.bringCap(ctx, key, token, true)
 	}
+}
+
+// busyRetry is how long after a cap's token whose task was still in a
+// worker's hands stepped aside its task is asked for once more.
+const busyRetry = time.Second
+
+// bringCap brings the task of a cap's token back (bring). A task still in
+// a worker's hands after bringBack's 200 ms (its handler has not sent it
+// back yet, or its worker died, and asynq brings it back only when its
+// lease runs out) gives its place to the next token and keeps its arrival
+// aside (semaphore.Service.StepAsideInTransit), so that the tasks of a
+// dead worker, first in line, do not hold the standby places while the
+// seats sit idle; it is asked for once more busyRetry later (again: false
+// then), and comes back to its old place in line whenever it comes.
+func (k *Waker) bringCap(ctx context.Context, key, token string, again bool) {
+	var busy func(context.Context) error
+	if again {
+		busy = func(ctx context.Context) error {
+			if err := k.sem.StepAsideInTransit(ctx, key, token); err != nil {
+				return err
+			}
+			time.AfterFunc(busyRetry, func() {
+				ctx, cancel := context.WithTimeout(context.Background(), storeCallTimeout)
+				defer cancel()
+				k.bringCap(ctx, key, token, false)
+			})
+			return nil
+		}
+	}
+	k.bring(ctx, Mark(KindCap, key), token,
+		func(ctx context.Context) error { return k.sem.Dismiss(ctx, key, token) },
+		func(ctx context.Context) error { return k.sem.StepAside(ctx, key, token) },
+		busy)
 }
 
 // bring brings the task of token back to its queue (bringBack). When the
@@ -75,15 +108,22 @@ func (k *Waker) OnWake(key string, tokens []string) {
 // rate limit's hand-out) goes back: gone, when the task waits no more (it
 // ran, was deleted or archived, or waits for another key), gives it to the
 // next token; paused, when the task waits pending in its paused queue,
-// also keeps the token's arrival for when the queue resumes. It reports
-// whether it gave it back. Both rooms' wake-ups go through it.
-func (k *Waker) bring(ctx context.Context, mark, token string, gone, paused func(context.Context) error) bool {
+// also keeps the token's arrival for when the queue resumes; busy, when
+// the task is still in a worker's hands (nil: what the room handed it
+// lapses back by itself). It reports whether it gave it back. Both rooms'
+// wake-ups go through it.
+func (k *Waker) bring(ctx context.Context, mark, token string, gone, paused, busy func(context.Context) error) bool {
 	var err error
 	switch k.bringBack(ctx, mark, token) {
 	case asynqx.Gone:
 		err = gone(ctx)
 	case asynqx.Paused:
 		err = paused(ctx)
+	case asynqx.Busy:
+		if busy == nil {
+			return false
+		}
+		err = busy(ctx)
 	default:
 		return false
 	}
@@ -242,7 +282,7 @@ func (rw *rateWakes) loop(a *Admitter, r Limit, l *rateLoop) {
 				paused := func(ctx context.Context) error {
 					return a.Limiter.StepAside(ctx, r.Key, h, limit, r.Spec.Rate.Cost, 3*a.ParkedRetry)
 				}
-				if waker.bring(bctx, mark, h.Token, gone, paused) {
+				if waker.bring(bctx, mark, h.Token, gone, paused, nil) {
 					l.wake()
 				}
 			}()

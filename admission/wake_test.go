@@ -6,6 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetcap/fleetcap/internal/asynqx"
 	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
 	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
 	"github.com/fleetcap/fleetcap/ratelimit"
@@ -93,4 +97,78 @@ func TestParkInAnEmptyRoomNudgesTheLoop(t *testing.T) {
 		return err == nil && n == 0
 	})
 	t.Logf("handed out %s after the park", time.Since(start).Round(time.Millisecond))
+}
+
+// TestBusyTaskStepsAsideForTheNext: a cap's token let out whose task is
+// still in a worker's hands after the wake-up's 200 ms (active: its
+// worker died, say, and asynq brings it back only when its lease runs
+// out) gives its place to the next token and keeps its arrival aside,
+// instead of holding the place while the seats sit idle; a second later
+// its task is asked for once more (here it was deleted meanwhile, so its
+// token leaves the room).
+func TestBusyTaskStepsAsideForTheNext(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	woken := make(chan string, 8)
+	sem, err := semaphore.New(rdb, semaphore.Options{OnWake: func(_ string, tokens []string) {
+		for _, token := range tokens {
+			woken <- token
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sem.Close() })
+	k := NewWaker(rdb, nil)
+	k.SetSemaphore(sem)
+	next := func() string {
+		t.Helper()
+		select {
+		case token := <-woken:
+			return token
+		case <-time.After(5 * time.Second):
+			t.Fatal("no token let out within 5s")
+			return ""
+		}
+	}
+	client := asynq.NewClientFromRedisClient(rdb)
+	info, err := client.Enqueue(asynq.NewTask("job", nil), asynq.Queue("q"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A worker took the task, and died: it stays active.
+	taskKey := asynqx.QueueKeys("q").TaskPrefix + info.ID
+	if err := rdb.HSet(ctx, taskKey, "state", "active").Err(); err != nil {
+		t.Fatal(err)
+	}
+	busy, other := Token{Queue: "q", ID: info.ID}.String(), Token{Queue: "q", ID: "other"}.String()
+	room := semaphore.Room{Standby: 1, Hold: 10 * time.Second, Transit: 10 * time.Second, TTL: time.Minute}
+	if e, err := sem.Enter(ctx, "k", 1, "holder", room); err != nil || e.Permit == nil {
+		t.Fatalf("the first task found no seat: %v", err)
+	}
+	for _, token := range []string{busy, other} {
+		if _, err := sem.Park(ctx, "k", 1, token, room); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if token := next(); token != busy {
+		t.Fatalf("let out %q, want the busy task's token first", token)
+	}
+	k.OnWake("k", []string{busy})
+	if token := next(); token != other {
+		t.Fatalf("let out %q, want the next token in the busy one's place", token)
+	}
+	aside := "fleetcap:sem:{k}:aside"
+	if err := rdb.ZScore(ctx, aside, busy).Err(); err != nil {
+		t.Fatalf("the busy task's token kept no arrival aside: %v", err)
+	}
+	// An operator deletes the task: asked for again, it is gone, and its
+	// token leaves the room.
+	if err := rdb.Del(ctx, taskKey).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitfor.Condition(t, 5*time.Second, "the busy task is asked for again", func() bool {
+		return rdb.ZScore(ctx, aside, busy).Err() == redis.Nil
+	})
 }

@@ -370,6 +370,15 @@ func (s *Service) StepAside(ctx context.Context, key, token string) error {
 	return s.tokenCall(ctx, asideScript, "step aside from", key, token)
 }
 
+// StepAsideInTransit is StepAside for a token let out whose task did not
+// come for its place: a worker holds the task and did not send it back
+// (its handler is slow to, or the worker died). It leaves a token whose
+// task came meanwhile (it waits in a process: its task stands by) or that
+// holds no place as it is.
+func (s *Service) StepAsideInTransit(ctx context.Context, key, token string) error {
+	return s.tokenCall(ctx, asideScript, "step aside from", key, token, "transit", "1")
+}
+
 // tokenCall runs a script about one token of key's room (dismiss.lua,
 // aside.lua) and hands on what it passed on.
 func (s *Service) tokenCall(ctx context.Context, script *redis.Script, what, key, token string, extra ...any) error {
