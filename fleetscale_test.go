@@ -12,44 +12,34 @@ import (
 
 	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
 	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
+	"github.com/fleetcap/fleetcap/semaphore"
+	"github.com/fleetcap/fleetcap/worker"
 )
 
 // slotCounter counts, across every worker of a fleet, the slots that hold a
-// capped task which is not running: from the moment asynq hands the task
-// to a worker until its handler starts, or until it goes back. It keeps
-// the most it ever saw (every change is counted, none sampled away).
+// capped task which is not running, as the workers report them to their
+// Observer (Waiting: from when a task asks for its seat until it runs or
+// goes back; a task that runs is counted out before its standby place goes
+// to the next). It keeps the most it ever saw (every change is counted,
+// none sampled away). Counted at the handler's start instead, a task given
+// its seat whose handler had not started yet could be counted beside the
+// next task its place brought in.
 type slotCounter struct {
 	waiting, most atomic.Int64
 }
 
-type startedKey struct{}
-
-// middleware counts the capped task types' tasks in.
-func (c *slotCounter) middleware(capped string) asynq.MiddlewareFunc {
-	return func(next asynq.Handler) asynq.Handler {
-		return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
-			if t.Type() != capped {
-				return next.ProcessTask(ctx, t)
-			}
-			started := &atomic.Bool{}
-			n := c.waiting.Add(1)
-			for m := c.most.Load(); n > m && !c.most.CompareAndSwap(m, n); m = c.most.Load() {
-			}
-			err := next.ProcessTask(context.WithValue(ctx, startedKey{}, started), t)
-			if !started.Load() {
-				c.waiting.Add(-1)
-			}
-			return err
-		})
+func (c *slotCounter) Waiting(_ string, delta int) {
+	n := c.waiting.Add(int64(delta))
+	for m := c.most.Load(); n > m && !c.most.CompareAndSwap(m, n); m = c.most.Load() {
 	}
 }
 
-// start is called by a capped handler as it starts.
-func (c *slotCounter) start(ctx context.Context) {
-	if started, ok := ctx.Value(startedKey{}).(*atomic.Bool); ok && started.CompareAndSwap(false, true) {
-		c.waiting.Add(-1)
-	}
-}
+func (c *slotCounter) Acquire(semaphore.AcquireEvent)  {}
+func (c *slotCounter) Release(semaphore.ReleaseEvent)  {}
+func (c *slotCounter) Lost(string)                     {}
+func (c *slotCounter) ActiveChanged(string, int)       {}
+func (c *slotCounter) Requeued(string, string, string) {}
+func (c *slotCounter) LeaseLost(string, string)        {}
 
 // TestStandbyBudgetIsFleetWide: 8 workers of 4 slots on one Redis, a cap of
 // 2 seats (its standby budget is its capacity, 2, for the whole fleet), a
@@ -74,9 +64,8 @@ tasks:
 	var counter slotCounter
 	var running, mostRunning, cappedDone, uncappedDone atomic.Int64
 	var runs sync.Map
-	startWorkers(t, workers, yaml, map[string]asynq.HandlerFunc{
+	startWorkersWith(t, workers, yaml, map[string]asynq.HandlerFunc{
 		"capped": func(ctx context.Context, task *asynq.Task) error {
-			counter.start(ctx)
 			n := running.Add(1)
 			for m := mostRunning.Load(); n > m && !mostRunning.CompareAndSwap(m, n); m = mostRunning.Load() {
 			}
@@ -96,7 +85,7 @@ tasks:
 			uncappedDone.Add(1)
 			return nil
 		},
-	}, counter.middleware("capped"))
+	}, []worker.Option{worker.WithObserver(&counter)})
 	p := newProducer(t, yaml, "capped", "free")
 	ctx := context.Background()
 	for i := range capped {

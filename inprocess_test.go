@@ -18,13 +18,19 @@ import (
 // test ends, each with the handlers and middleware, and returns them.
 func startWorkers(t *testing.T, n int, yaml string, handlers map[string]asynq.HandlerFunc, mws ...asynq.MiddlewareFunc) []*worker.Worker {
 	t.Helper()
+	return startWorkersWith(t, n, yaml, handlers, nil, mws...)
+}
+
+// startWorkersWith is startWorkers with options for worker.New.
+func startWorkersWith(t *testing.T, n int, yaml string, handlers map[string]asynq.HandlerFunc, opts []worker.Option, mws ...asynq.MiddlewareFunc) []*worker.Worker {
+	t.Helper()
 	var ws []*worker.Worker
 	for i := range n {
 		cfg, err := worker.ParseConfig([]byte(yaml))
 		if err != nil {
 			t.Fatal(err)
 		}
-		w, err := worker.New(cfg)
+		w, err := worker.New(cfg, opts...)
 		if err != nil {
 			t.Fatal(err)
 		}
