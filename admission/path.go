@@ -14,7 +14,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetcap/fleetcap/config"
-	"github.com/fleetcap/fleetcap/internal/asynqx"
 	"github.com/fleetcap/fleetcap/internal/lately"
 	"github.com/fleetcap/fleetcap/ratelimit"
 	"github.com/fleetcap/fleetcap/semaphore"
@@ -66,9 +65,11 @@ type Options struct {
 	Observer    Observer
 	Logger      *slog.Logger
 	ParkedRetry time.Duration // worker.parked_retry: how long the rooms keep a token
-	// Server is the worker's asynq client: a task a rate limit's room
-	// hands out is offered to its next dequeue first (see Waker.SetServer).
-	Server *asynqx.ServerClient
+	// Waker is the worker's (its Semaphore's OnWake): the tasks a rate
+	// limit's room hands out are brought back through it too, so that a
+	// worker's own next dequeue is offered them first (see
+	// Waker.SetServer). Nil: a Waker of its own on Redis, without.
+	Waker *Waker
 }
 
 // Admitter takes the limits of the tasks of one worker process. It is safe
@@ -96,6 +97,9 @@ func New(opts Options) (*Admitter, error) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
+	}
+	if opts.Waker == nil {
+		opts.Waker = NewWaker(opts.Redis, opts.Logger)
 	}
 	a := &Admitter{Options: opts, full: newFullHints(), recentCaps: newRecentKeys(), recentRates: newRecentKeys()}
 	a.rateObs, _ = opts.Observer.(ratelimit.Observer)

@@ -254,7 +254,6 @@ func (rw *rateWakes) loop(a *Admitter, r Limit, l *rateLoop) {
 			rw.mu.Unlock()
 		}
 	}()
-	waker := &Waker{rdb: a.Redis, server: a.Server, log: a.Logger}
 	mark := Mark(KindRate, r.Key)
 	for ctx.Err() == nil {
 		limit := r.Resized(a.Sizes).Rate
@@ -282,7 +281,7 @@ func (rw *rateWakes) loop(a *Admitter, r Limit, l *rateLoop) {
 				paused := func(ctx context.Context) error {
 					return a.Limiter.StepAside(ctx, r.Key, h, limit, r.Spec.Rate.Cost, 3*a.ParkedRetry)
 				}
-				if waker.bring(bctx, mark, h.Token, gone, paused, nil) {
+				if a.Waker.bring(bctx, mark, h.Token, gone, paused, nil) {
 					l.wake()
 				}
 			}()

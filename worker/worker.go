@@ -176,7 +176,7 @@ func (w *Worker) connect() error {
 	}
 	w.adm, err = admission.New(admission.Options{
 		Redis: w.rdb, Table: w.table, Semaphore: w.sem, Limiter: w.limiter, Sizes: w.overrides,
-		Observer: w.opts.observer, Logger: w.log, ParkedRetry: w.cfg.Worker.ParkedRetry, Server: w.server,
+		Observer: w.opts.observer, Logger: w.log, ParkedRetry: w.cfg.Worker.ParkedRetry, Waker: waker,
 	})
 	return err
 }
