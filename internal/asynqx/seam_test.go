@@ -48,6 +48,10 @@ func TestPinnedVersion(t *testing.T) {
 	t.Fatal("go.mod does not require github.com/hibiken/asynq")
 }
 
+// mark is the text a task sent back to wait for a seat of "k" holds in
+// its message (fleetcap's requeue message; see Wake).
+const mark = `fleetcap: waiting for seat of "k"`
+
 // seam is an asynq client, inspector and raw Redis client on a private
 // redis-server.
 type seam struct {
@@ -168,7 +172,6 @@ func TestStatesAndKeys(t *testing.T) {
 func TestWake(t *testing.T) {
 	s := newSeam(t)
 	ctx := context.Background()
-	const mark = `fleetcap: waiting for seat of "k"`
 	const copyHeader = "copied-from"
 	var mu sync.Mutex
 	var ran []string
@@ -280,7 +283,6 @@ func boolInt(b bool) int {
 func TestWakeInAPausedQueue(t *testing.T) {
 	s := newSeam(t)
 	ctx := context.Background()
-	const mark = `fleetcap: waiting for seat of "k"`
 	if err := s.insp.PauseQueue("q"); err != nil {
 		t.Fatal(err)
 	}
@@ -765,7 +767,6 @@ func TestBacklogOfOneQueueOfTwo(t *testing.T) {
 func TestClaim(t *testing.T) {
 	s := newSeam(t)
 	ctx := context.Background()
-	const mark = `fleetcap: waiting for seat of "k"`
 	const header = "waits"
 	var mu sync.Mutex
 	ran := map[string]int{}
@@ -903,7 +904,6 @@ func TestClaim(t *testing.T) {
 // next task.
 func TestClaimPassesTheDutyOn(t *testing.T) {
 	s := newSeam(t)
-	const mark = `fleetcap: waiting for seat of "k"`
 	const header = "waits"
 	release := make(chan struct{})
 	defer close(release)
@@ -953,7 +953,6 @@ func TestClaimPassesTheDutyOn(t *testing.T) {
 func TestClaimedTaskLeavesTheQueueAlone(t *testing.T) {
 	s := newSeam(t)
 	ctx := context.Background()
-	const mark = `fleetcap: waiting for seat of "k"`
 	const header = "waits"
 	// pops counts the dequeues that popped the queue (asynq's dequeue
 	// script runs RPOPLPUSH), -1 when Redis fails.
