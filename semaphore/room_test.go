@@ -477,19 +477,29 @@ func TestLapsedPlaceParksWithATTL(t *testing.T) {
 	if ok, err := s.Reserve(ctx, key, 1, "r", short); err != nil || !ok {
 		t.Fatalf("Reserve with a place free = %v, %v", ok, err)
 	}
-	serverClockPasses(t, srv.Client(), 60*time.Millisecond)
-	closed := short
-	closed.Standby = 0 // the sweep lets nobody out again
-	if _, err := s.Admit(ctx, key, 1, closed); err != nil {
-		t.Fatal(err)
-	}
-	parked := storeKey(key, "parked")
-	if err := srv.Client().ZScore(ctx, parked, "r").Err(); err != nil {
-		t.Fatalf("r, whose place lapsed, is not parked: %v", err)
-	}
+	parked := lapseIntoParked(t, srv, s, key, short, "r")
 	if ttl := srv.Client().PTTL(ctx, parked).Val(); ttl <= 0 {
 		t.Fatalf("the parked key's TTL is %v, want the room's", ttl)
 	}
+}
+
+// lapseIntoParked lets the server's clock pass token's place in key's
+// room (of transit under 60 ms), has a sweep that lets nobody out find it
+// lapsed, checks that token went back among the parked, and returns the
+// parked key.
+func lapseIntoParked(t *testing.T, srv *redistest.Server, s *semaphore.Service, key string, room semaphore.Room, token string) string {
+	t.Helper()
+	serverClockPasses(t, srv.Client(), 60*time.Millisecond)
+	closed := room
+	closed.Standby = 0 // the sweep lets nobody out again
+	if _, err := s.Admit(context.Background(), key, 1, closed); err != nil {
+		t.Fatal(err)
+	}
+	parked := storeKey(key, "parked")
+	if err := srv.Client().ZScore(context.Background(), parked, token).Err(); err != nil {
+		t.Fatalf("%s, whose place lapsed, is not parked: %v", token, err)
+	}
+	return parked
 }
 
 // TestPresenceStaysCurrentWhileEntersSkipIt: a task that stands by leaves
@@ -748,16 +758,7 @@ func TestEnterOfATokenLetOutHere(t *testing.T) {
 	if token := woken.next(t); token != "q" {
 		t.Fatalf("let out %q, want q", token)
 	}
-	serverClockPasses(t, srv.Client(), 60*time.Millisecond)
-	closed := room
-	closed.Standby = 0 // the sweep lets nobody out again
-	if _, err := s.Admit(ctx, lapsing, 1, closed); err != nil {
-		t.Fatal(err)
-	}
-	parked := storeKey(lapsing, "parked")
-	if err := srv.Client().ZScore(ctx, parked, "q").Err(); err != nil {
-		t.Fatalf("q, whose place lapsed, is not parked: %v", err)
-	}
+	parked := lapseIntoParked(t, srv, s, lapsing, room, "q")
 	if e := enter(t, s, lapsing, 1, "q", room); !e.Standby {
 		t.Fatal("q, first parked with a place free, has no standby place")
 	}
