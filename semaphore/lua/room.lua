@@ -339,9 +339,9 @@ end
 -- does not run never outnumber the places. Seats for the caller's own
 -- channel are returned, the others are sent on their process's channel
 -- (prefix .. channel). A token whose process was not heard of lately is
--- passed over (it gets a seat once its process is back); one whose process
--- is gone is dropped (a standby place it held lapses, and puts it back
--- among the parked). It returns the caller's grants (token, member, fence
+-- passed over (it gets a seat once its process is back), and gives up the
+-- standby place it holds (it steps aside, keeping its arrival); one whose
+-- process is gone is dropped. It returns the caller's grants (token, member, fence
 -- triples), the seats still free, whether a waiter blocks the line, and
 -- how many tokens it gave a seat, the caller's and others'.
 local function grant(now, t, free, mine, prefix, key, before)
@@ -375,8 +375,14 @@ local function grant(now, t, free, mine, prefix, key, before)
       if presence and presence <= now then
         -- Its process has not been heard of lately: it may be slow, or
         -- gone. The seat goes to the next; a process gone for good
-        -- (goneAfter) has its waiters dropped.
-        if presence + goneAfter <= now then
+        -- (goneAfter) has its waiters dropped. A task standing by there
+        -- steps aside (keeping its arrival for when its task comes back)
+        -- so that its standby place goes on now, not when it lapses:
+        -- after a worker's crash, the tasks parked behind its standbys are
+        -- let out as soon as its seats free.
+        if redis.call('ZSCORE', KEYS[6], token) then
+          stepAside(token, micros(t))
+        elseif presence + goneAfter <= now then
           -- Its process finds its presence gone if it comes back, and
           -- joins again (see recheck in acquire.lua).
           redis.call('ZREM', KEYS[2], token)
