@@ -898,48 +898,64 @@ func TestStepAsideInTransit(t *testing.T) {
 // that is no longer heard of (its worker died, or lost Redis) gives its
 // standby place on as soon as a seat frees, not when the place lapses: the
 // tokens parked behind it are let out, and it keeps its arrival (aside)
-// for when its task comes back.
+// for when its task comes back. So it does once its process's presence
+// lapsed (a release passes it over in line), and once the process's
+// waiting keys lapsed too (the release finds a seat free, the places full
+// and nobody in line).
 func TestStandbyOfAGoneProcessStepsAside(t *testing.T) {
-	srv, s, woken, key := wokenService(t)
-	ctx, rdb := context.Background(), srv.Client()
-	room := roomOf(1) // places last 10 s: longer than the test waits
-	holder := enter(t, s, key, 1, "holder", room)
-	if holder.Permit == nil {
-		t.Fatal("the first task found no free seat")
-	}
-	cut, proxy := proxied(t, srv, 2)
-	gone := newService(t, cut)
-	if e := enter(t, gone, key, 1, "gone", room); !e.Standby {
-		t.Fatal("the gone process's task has no standby place")
-	}
-	arrival, err := rdb.ZScore(ctx, storeKey(key, "waiting"), "gone").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Park(ctx, key, 1, "parked", room); err != nil {
-		t.Fatal(err)
-	}
-	woken.none(t) // the one place is taken
-	proxy.Cut()
-	defer proxy.Restore() // for the gone Service's Close
-	waitfor.Condition(t, 6*time.Second, "the gone process's presence lapses", func() bool {
-		now, err := rdb.Time(ctx).Result()
-		if err != nil {
-			return false
-		}
-		procs := rdb.ZRangeWithScores(ctx, storeKey(key, "procs"), 0, -1).Val()
-		return len(procs) == 1 && int64(procs[0].Score) <= now.UnixMilli()
-	})
-	if err := holder.Permit.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if token := woken.next(t); token != "parked" {
-		t.Fatalf("let out %q, want the parked token", token)
-	}
-	if got, err := rdb.ZScore(ctx, storeKey(key, "aside"), "gone").Result(); err != nil || got != arrival {
-		t.Fatalf("the gone process's token is aside at %v (%v), want its arrival %v", got, err, arrival)
-	}
-	if err := rdb.ZScore(ctx, storeKey(key, "waiting"), "gone").Err(); !errors.Is(err, redis.Nil) {
-		t.Fatalf("the gone process's token still waits in line: %v", err)
+	for _, lapsed := range []string{"presence", "waiting"} {
+		t.Run(lapsed, func(t *testing.T) {
+			t.Parallel()
+			srv, s, woken, key := wokenService(t)
+			ctx, rdb := context.Background(), srv.Client()
+			// A place held from a slot lasts longer than the test waits; one
+			// in transit, a second, as the worker's.
+			room := roomOf(1)
+			room.Transit = time.Second
+			holder := enter(t, s, key, 1, "holder", room)
+			if holder.Permit == nil {
+				t.Fatal("the first task found no free seat")
+			}
+			cut, proxy := proxied(t, srv, 2)
+			gone := newService(t, cut)
+			if e := enter(t, gone, key, 1, "gone", room); !e.Standby {
+				t.Fatal("the gone process's task has no standby place")
+			}
+			arrival, err := rdb.ZScore(ctx, storeKey(key, "waiting"), "gone").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Park(ctx, key, 1, "parked", room); err != nil {
+				t.Fatal(err)
+			}
+			woken.none(t) // the one place is taken
+			proxy.Cut()
+			defer proxy.Restore() // for the gone Service's Close
+			waitfor.Condition(t, 6*time.Second, "the gone process's presence lapses", func() bool {
+				now, err := rdb.Time(ctx).Result()
+				if err != nil {
+					return false
+				}
+				procs := rdb.ZRangeWithScores(ctx, storeKey(key, "procs"), 0, -1).Val()
+				return len(procs) == 1 && int64(procs[0].Score) <= now.UnixMilli()
+			})
+			if lapsed == "waiting" {
+				waitfor.Condition(t, 8*time.Second, "the gone process's waiting lapses", func() bool {
+					return rdb.Exists(ctx, storeKey(key, "waiting")).Val() == 0
+				})
+			}
+			if err := holder.Permit.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if token := woken.next(t); token != "parked" {
+				t.Fatalf("let out %q, want the parked token", token)
+			}
+			if got, err := rdb.ZScore(ctx, storeKey(key, "aside"), "gone").Result(); err != nil || got != arrival {
+				t.Fatalf("the gone process's token is aside at %v (%v), want its arrival %v", got, err, arrival)
+			}
+			if err := rdb.ZScore(ctx, storeKey(key, "waiting"), "gone").Err(); !errors.Is(err, redis.Nil) {
+				t.Fatalf("the gone process's token still waits in line: %v", err)
+			}
+		})
 	}
 }

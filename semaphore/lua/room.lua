@@ -436,6 +436,27 @@ local function reclaim(now)
   return #lapsed
 end
 
+-- unstrand steps aside the tokens that hold a place renewed from a slot
+-- (it lapses later than a place in transit can) but wait in no process:
+-- their process stopped renewing the waiting (its keys lapsed with its
+-- presence: it died) before they got a seat, or they got one and have not
+-- started yet. So the places of a dead worker's tasks go on once seats
+-- are free, rather than when they lapse; a task that was about to start
+-- only gives its place on early. It returns how many it stepped aside.
+local function unstrand(now, transit)
+  local held = redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. (now + transit), '+inf', 'LIMIT', 0, 100)
+  if #held == 0 then return 0 end
+  local waits = redis.call('ZMSCORE', KEYS[2], unpack(held))
+  local n = 0
+  for i, token in ipairs(held) do
+    if not waits[i] then
+      stepAside(token, now * 1000)
+      n = n + 1
+    end
+  end
+  return n
+end
+
 -- arrivals names the tokens this call let out (admit) with their
 -- arrivals, token after token: the reply's "arrivals", which the caller
 -- keeps for their enter (see acquire.lua's placed).
@@ -456,8 +477,11 @@ local function admit(now, free)
   local budget = math.max(tonumber(room[2] or '0'), free)
   local standing = before
   if standing > 0 and standing >= budget then standing = standing - reclaim(now) end
-  local made = standing == 0
   local transit = tonumber(room[3] or '1000')
+  -- Seats free while the places are full and nobody waits for them in a
+  -- process: the places may be stranded.
+  if free > 0 and standing > 0 and standing >= budget then standing = standing - unstrand(now, transit) end
+  local made = standing == 0
   local out = {}
   while standing < budget do
     local first = redis.call('ZPOPMIN', KEYS[5])
