@@ -898,12 +898,13 @@ func TestStepAsideInTransit(t *testing.T) {
 // that is no longer heard of (its worker died, or lost Redis) gives its
 // standby place on as soon as a seat frees, not when the place lapses: the
 // tokens parked behind it are let out, and it keeps its arrival (aside)
-// for when its task comes back. So it does once its process's presence
-// lapsed (a release passes it over in line), and once the process's
-// waiting keys lapsed too (the release finds a seat free, the places full
-// and nobody in line).
+// for when its task comes back. So it does 3 s after its process's
+// presence lapsed, while a live process waiting for the key keeps the
+// line (a release passes it over in line), and once the keys of the line
+// lapsed (the release finds a seat free, the places full, nobody in line
+// and no process heard of).
 func TestStandbyOfAGoneProcessStepsAside(t *testing.T) {
-	for _, lapsed := range []string{"presence", "waiting"} {
+	for _, lapsed := range []string{"presence", "line"} {
 		t.Run(lapsed, func(t *testing.T) {
 			t.Parallel()
 			srv, s, woken, key := wokenService(t)
@@ -929,21 +930,35 @@ func TestStandbyOfAGoneProcessStepsAside(t *testing.T) {
 				t.Fatal(err)
 			}
 			woken.none(t) // the one place is taken
+			var seated chan *semaphore.Permit
+			if lapsed == "presence" {
+				// A live process waits behind it, and keeps the line.
+				seated = make(chan *semaphore.Permit, 1)
+				go func() {
+					p, err := s.Acquire(ctx, key, 1, semaphore.WithWaitTimeout(20*time.Second))
+					if err != nil {
+						t.Error(err)
+					}
+					seated <- p
+				}()
+				waitfor.Condition(t, 5*time.Second, "the live waiter waits", func() bool { return s.LocalWaiters(key) == 1 })
+			}
 			proxy.Cut()
 			defer proxy.Restore() // for the gone Service's Close
-			waitfor.Condition(t, 6*time.Second, "the gone process's presence lapses", func() bool {
+			waitfor.Condition(t, 10*time.Second, "the gone process's presence lapses, and 3 s more", func() bool {
 				now, err := rdb.Time(ctx).Result()
 				if err != nil {
 					return false
 				}
-				procs := rdb.ZRangeWithScores(ctx, storeKey(key, "procs"), 0, -1).Val()
-				return len(procs) == 1 && int64(procs[0].Score) <= now.UnixMilli()
+				line := rdb.Exists(ctx, storeKey(key, "waiting"), storeKey(key, "procs")).Val()
+				if lapsed == "line" {
+					return line == 0
+				}
+				// The live process renews its presence; the gone one's is the
+				// oldest.
+				oldest := rdb.ZRangeWithScores(ctx, storeKey(key, "procs"), 0, 0).Val()
+				return line == 2 && len(oldest) == 1 && int64(oldest[0].Score)+3000 <= now.UnixMilli()
 			})
-			if lapsed == "waiting" {
-				waitfor.Condition(t, 8*time.Second, "the gone process's waiting lapses", func() bool {
-					return rdb.Exists(ctx, storeKey(key, "waiting")).Val() == 0
-				})
-			}
 			if err := holder.Permit.Release(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -956,6 +971,54 @@ func TestStandbyOfAGoneProcessStepsAside(t *testing.T) {
 			if err := rdb.ZScore(ctx, storeKey(key, "waiting"), "gone").Err(); !errors.Is(err, redis.Nil) {
 				t.Fatalf("the gone process's token still waits in line: %v", err)
 			}
+			if seated != nil {
+				if p := <-seated; p != nil {
+					if err := p.Release(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
 		})
+	}
+}
+
+// TestSeatedStandbyOfALiveProcessKeepsItsPlace: a task given its seat by
+// another process's release keeps its standby place until it starts, even
+// while a seat is free, the places are full and nobody is in line, as long
+// as processes are heard of: only a dead worker's places are stepped aside
+// (see TestStandbyOfAGoneProcessStepsAside).
+func TestSeatedStandbyOfALiveProcessKeepsItsPlace(t *testing.T) {
+	srv, s, woken, key := wokenService(t)
+	ctx, rdb := context.Background(), srv.Client()
+	room := roomOf(1)
+	room.Transit = time.Second
+	var held []*semaphore.Permit
+	for _, token := range []string{"h1", "h2"} {
+		e := enter(t, s, key, 2, token, room)
+		if e.Permit == nil {
+			t.Fatalf("%s found no free seat", token)
+		}
+		held = append(held, e.Permit)
+	}
+	other := newService(t, rdb)
+	if e := enter(t, other, key, 2, "x", room); !e.Standby {
+		t.Fatal("x has no standby place")
+	}
+	if _, err := s.Park(ctx, key, 2, "parked", room); err != nil {
+		t.Fatal(err)
+	}
+	// x gets h1's seat, and does not start yet.
+	if err := held[0].Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitfor.Condition(t, 5*time.Second, "x gets its seat", func() bool {
+		return rdb.ZScore(ctx, storeKey(key, "waiting"), "x").Err() == redis.Nil
+	})
+	if err := held[1].Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	woken.none(t)
+	if err := rdb.ZScore(ctx, storeKey(key, "places"), "x").Err(); err != nil {
+		t.Fatalf("x, seated and not started, lost its place: %v", err)
 	}
 }

@@ -322,12 +322,24 @@ end
 -- before its waiters are dropped: far longer than a slow recheck.
 local goneAfter = 30000
 
+-- asideAfter is how long, in ms, a process's presence may have lapsed
+-- before its tasks standing by step aside: as long again as a presence
+-- lasts, when the process's waiting keys lapse too. A process that slow
+-- is likely dead; if it is not, its tasks wait for their wait_timeout and
+-- park, keeping their arrival.
+local asideAfter = 3000
+
 -- seatMessage is the message that sends a waiting token its seat: the
 -- key, the token, the seat's member and its fence, each after its length
 -- and a colon (any text may be in them), then the server's time (ms).
 local function seatMessage(key, token, member, fence, now)
   return #key .. ':' .. key .. #token .. ':' .. token .. #member .. ':' .. member .. #fence .. ':' .. fence .. now
 end
+
+-- placeFreed is set when grant freed a standby place (a task of a
+-- process not heard of stepped aside): the call lets the next token out
+-- even when it freed no place itself.
+local placeFreed = false
 
 -- grant gives free seats to the tokens waiting in a process, first come
 -- first served, as long as seats are free (and, with before, to those that
@@ -339,9 +351,9 @@ end
 -- does not run never outnumber the places. Seats for the caller's own
 -- channel are returned, the others are sent on their process's channel
 -- (prefix .. channel). A token whose process was not heard of lately is
--- passed over (it gets a seat once its process is back), and gives up the
--- standby place it holds (it steps aside, keeping its arrival); one whose
--- process is gone is dropped. It returns the caller's grants (token, member, fence
+-- passed over (it gets a seat once its process is back), and, once the
+-- presence lapsed asideAfter ago, gives up the standby place it holds (it
+-- steps aside, keeping its arrival); one whose process is gone is dropped. It returns the caller's grants (token, member, fence
 -- triples), the seats still free, whether a waiter blocks the line, and
 -- how many tokens it gave a seat, the caller's and others'.
 local function grant(now, t, free, mine, prefix, key, before)
@@ -377,11 +389,13 @@ local function grant(now, t, free, mine, prefix, key, before)
         -- gone. The seat goes to the next; a process gone for good
         -- (goneAfter) has its waiters dropped. A task standing by there
         -- steps aside (keeping its arrival for when its task comes back)
-        -- so that its standby place goes on now, not when it lapses:
-        -- after a worker's crash, the tasks parked behind its standbys are
-        -- let out as soon as its seats free.
-        if redis.call('ZSCORE', KEYS[6], token) then
+        -- once the presence lapsed asideAfter ago, so that its standby
+        -- place goes on then, not when it lapses: after a worker's crash,
+        -- the tasks parked behind its standbys are let out as soon as its
+        -- seats free.
+        if presence + asideAfter <= now and redis.call('ZSCORE', KEYS[6], token) then
           stepAside(token, micros(t))
+          placeFreed = true
         elseif presence + goneAfter <= now then
           -- Its process finds its presence gone if it comes back, and
           -- joins again (see recheck in acquire.lua).
@@ -439,10 +453,10 @@ end
 -- unstrand steps aside the tokens that hold a place renewed from a slot
 -- (it lapses later than a place in transit can) but wait in no process:
 -- their process stopped renewing the waiting (its keys lapsed with its
--- presence: it died) before they got a seat, or they got one and have not
--- started yet. So the places of a dead worker's tasks go on once seats
--- are free, rather than when they lapse; a task that was about to start
--- only gives its place on early. It returns how many it stepped aside.
+-- presence: it died) before they got a seat, or they got one and did not
+-- start. So the places of a dead worker's tasks go on once seats are
+-- free, rather than when they lapse. It returns how many it stepped
+-- aside.
 local function unstrand(now, transit)
   local held = redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. (now + transit), '+inf', 'LIMIT', 0, 100)
   if #held == 0 then return 0 end
@@ -478,9 +492,13 @@ local function admit(now, free)
   local standing = before
   if standing > 0 and standing >= budget then standing = standing - reclaim(now) end
   local transit = tonumber(room[3] or '1000')
-  -- Seats free while the places are full and nobody waits for them in a
-  -- process: the places may be stranded.
-  if free > 0 and standing > 0 and standing >= budget then standing = standing - unstrand(now, transit) end
+  -- Seats free while the places are full, nobody waits for them in a
+  -- process, and no process was heard of lately (procs lapsed with the
+  -- presences: while live processes wait, a dead one's waiters stay in
+  -- line, and grant passes over them): the places may be stranded.
+  if free > 0 and standing > 0 and standing >= budget and redis.call('EXISTS', KEYS[4]) == 0 then
+    standing = standing - unstrand(now, transit)
+  end
   local made = standing == 0
   local out = {}
   while standing < budget do
@@ -517,7 +535,7 @@ end
 -- caller that just found somebody waiting says so (known), for one
 -- command less; one that freed seats and no place (seatsOnly) lets nobody
 -- out once the seats went to the waiting: the places are as full as they
--- were.
+-- were (unless grant freed one, placeFreed).
 local function settle(now, t, capacity, a, known, seatsOnly)
   if not known and not occupied() then return {}, {}, false end
   local free = -1 -- a capacity of -1: each waiter's own
@@ -530,7 +548,7 @@ local function settle(now, t, capacity, a, known, seatsOnly)
   local own, _, given
   own, free, _, given = grant(now, t, free, a.channel or '', a.prefix or '', a.key or '')
   local out = {}
-  if a.wake == '1' and not (seatsOnly and free == 0) then out = admit(now, math.max(free, 0)) end
+  if a.wake == '1' and not (seatsOnly and free == 0 and not placeFreed) then out = admit(now, math.max(free, 0)) end
   return own, out, seated or given > 0
 end
 
