@@ -29,9 +29,10 @@ import (
 // and its place (or a rate limit's hand-out) goes to the next. A task run
 // by hand waits pending with its place. A task of a paused queue steps
 // aside: it holds no place and spends no hand-out while its queue is
-// paused, and keeps its arrival for when it resumes. A cap's token whose
-// task is still in a worker's hands after 200 ms steps aside too (see
-// bringCap). Both rooms' wake-ups go through Waker.bring. Its delay in
+// paused, and keeps its arrival for when it resumes. A token whose task
+// is still in a worker's hands after 200 ms steps aside too (a cap's is
+// asked for once more a second later, see bringCap). Both rooms' wake-ups
+// go through Waker.bring. Its delay in
 // asynq is only the safety net.
 
 // Waker brings the tasks a cap's room lets out to their queue: give its
@@ -278,10 +279,14 @@ func (rw *rateWakes) loop(a *Admitter, r Limit, l *rateLoop) {
 				// A hand-out given back does not count against the pace: the
 				// next comes one interval of the tokens sooner.
 				gone := func(ctx context.Context) error { return a.Limiter.Void(ctx, r.Key, limit, r.Spec.Rate.Cost) }
-				paused := func(ctx context.Context) error {
+				aside := func(ctx context.Context) error {
 					return a.Limiter.StepAside(ctx, r.Key, h, limit, r.Spec.Rate.Cost, 3*a.ParkedRetry)
 				}
-				if a.Waker.bring(bctx, mark, h.Token, gone, paused, nil) {
+				// A task still in a worker's hands (its worker died, say)
+				// steps aside as one of a paused queue does: the hand-out
+				// goes to the next token, and the task takes its old place
+				// in line when it comes back.
+				if a.Waker.bring(bctx, mark, h.Token, gone, aside, aside) {
 					l.wake()
 				}
 			}()

@@ -172,3 +172,52 @@ func TestBusyTaskStepsAsideForTheNext(t *testing.T) {
 		return rdb.ZScore(ctx, aside, busy).Err() == redis.Nil
 	})
 }
+
+// TestBusyTaskStepsAsideFromARateRoom: a rate limit's token handed out
+// whose task is still in a worker's hands after the wake-up's 200 ms
+// (active: its worker died, say) gives the hand-out back and keeps its
+// arrival aside, as a task of a paused queue does, so that it takes its
+// old place in line when its task comes back to park, instead of spending
+// the hand-out and going to the back of the line.
+func TestBusyTaskStepsAsideFromARateRoom(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	sem, err := semaphore.New(rdb, semaphore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sem.Close() })
+	lim, err := ratelimit.New(rdb, ratelimit.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(Options{Redis: rdb, Table: tableFor(t, "tasks: {job: {rate_limits: [{key: api, rate: 5, per: 1s, burst: 1}]}}\n"),
+		Semaphore: sem, Limiter: lim, ParkedRetry: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	t.Cleanup(func() { stop(); a.Wait() })
+	a.Start(runCtx)
+	l := Limit{Spec: a.Table.Plain(KindRate)["api"], Key: "api"}.Resized(nil)
+	info, err := asynq.NewClientFromRedisClient(rdb).Enqueue(asynq.NewTask("job", nil), asynq.Queue("q"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A worker took the task, and died: it stays active.
+	if err := rdb.HSet(ctx, asynqx.QueueKeys("q").TaskPrefix+info.ID, "state", "active").Err(); err != nil {
+		t.Fatal(err)
+	}
+	busy := Token{Queue: "q", ID: info.ID}.String()
+	before := rdb.Time(ctx).Val().UnixMicro()
+	if _, err := a.parkToken(ctx, l, busy, false); err != nil {
+		t.Fatal(err)
+	}
+	after := rdb.Time(ctx).Val().UnixMicro()
+	aside := lim.RedisKey("api") + ":aside"
+	waitfor.Condition(t, 5*time.Second, "the busy task's token keeps its arrival aside", func() bool {
+		arrival, err := rdb.HGet(ctx, aside, busy).Int64()
+		return err == nil && arrival >= before && arrival <= after
+	})
+}

@@ -75,9 +75,10 @@ func (l *Limiter) Void(ctx context.Context, key string, limit Limit, cost int) e
 }
 
 // StepAside takes back a hand-out of key's room, as Void does, whose task
-// waits in a paused queue: the task runs, or parks again, once its queue
-// resumes, and a Park of its token within ttl gives it back the arrival it
-// had, ahead of the tokens parked after it.
+// waits in a paused queue, or is still in a worker's hands: the task runs,
+// or parks again, once its queue resumes or it comes back, and a Park of
+// its token within ttl gives it back the arrival it had, ahead of the
+// tokens parked after it.
 func (l *Limiter) StepAside(ctx context.Context, key string, h Handout, limit Limit, cost int, ttl time.Duration) error {
 	if err := checkArgs(key, limit, cost); err != nil {
 		return err
