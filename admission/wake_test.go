@@ -23,31 +23,12 @@ import (
 // hands out the last token, finds the room empty and gives the duty up;
 // then a task parks, and its token is handed out within 300 ms.
 func TestParkInAnEmptyRoomNudgesTheLoop(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client()
-	ctx := context.Background()
-	sem, err := semaphore.New(rdb, semaphore.Options{})
+	a, lim, l := startRateAdmitter(t)
+	rdb, ctx := a.Redis, context.Background()
+	other, err := ratelimit.New(rdb, ratelimit.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = sem.Close() })
-	newLimiter := func() *ratelimit.Limiter {
-		l, err := ratelimit.New(rdb, ratelimit.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l
-	}
-	lim, other := newLimiter(), newLimiter()
-	a, err := New(Options{Redis: rdb, Table: tableFor(t, "tasks: {job: {rate_limits: [{key: api, rate: 5, per: 1s, burst: 1}]}}\n"),
-		Semaphore: sem, Limiter: lim, ParkedRetry: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	t.Cleanup(func() { stop(); a.Wait() })
-	a.Start(runCtx)
-	l := Limit{Spec: a.Table.Plain(KindRate)["api"], Key: "api"}.Resized(nil)
 
 	// The other process holds the duty of a room with one token in it,
 	// which is not due for 200 ms: the burst is spent.
@@ -180,27 +161,8 @@ func TestBusyTaskStepsAsideForTheNext(t *testing.T) {
 // old place in line when its task comes back to park, instead of spending
 // the hand-out and going to the back of the line.
 func TestBusyTaskStepsAsideFromARateRoom(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client()
-	ctx := context.Background()
-	sem, err := semaphore.New(rdb, semaphore.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sem.Close() })
-	lim, err := ratelimit.New(rdb, ratelimit.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := New(Options{Redis: rdb, Table: tableFor(t, "tasks: {job: {rate_limits: [{key: api, rate: 5, per: 1s, burst: 1}]}}\n"),
-		Semaphore: sem, Limiter: lim, ParkedRetry: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	t.Cleanup(func() { stop(); a.Wait() })
-	a.Start(runCtx)
-	l := Limit{Spec: a.Table.Plain(KindRate)["api"], Key: "api"}.Resized(nil)
+	a, lim, l := startRateAdmitter(t)
+	rdb, ctx := a.Redis, context.Background()
 	info, err := asynq.NewClientFromRedisClient(rdb).Enqueue(asynq.NewTask("job", nil), asynq.Queue("q"))
 	if err != nil {
 		t.Fatal(err)
@@ -220,4 +182,30 @@ func TestBusyTaskStepsAsideFromARateRoom(t *testing.T) {
 		arrival, err := rdb.HGet(ctx, aside, busy).Int64()
 		return err == nil && arrival >= before && arrival <= after
 	})
+}
+
+// startRateAdmitter starts an Admitter on a redis-server of its own, with
+// one rate limit, api (5 a second, burst 1), and returns it, its Limiter
+// and the limit; both stop at the test's end.
+func startRateAdmitter(t *testing.T) (*Admitter, *ratelimit.Limiter, Limit) {
+	t.Helper()
+	rdb := redistest.Start(t).Client()
+	sem, err := semaphore.New(rdb, semaphore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sem.Close() })
+	lim, err := ratelimit.New(rdb, ratelimit.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(Options{Redis: rdb, Table: tableFor(t, "tasks: {job: {rate_limits: [{key: api, rate: 5, per: 1s, burst: 1}]}}\n"),
+		Semaphore: sem, Limiter: lim, ParkedRetry: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	t.Cleanup(func() { stop(); a.Wait() })
+	a.Start(runCtx)
+	return a, lim, Limit{Spec: a.Table.Plain(KindRate)["api"], Key: "api"}.Resized(nil)
 }
