@@ -18,6 +18,7 @@ import (
 	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
 	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
 	"github.com/fleetcap/fleetcap/producer"
+	"github.com/fleetcap/fleetcap/semaphore"
 )
 
 // operatorFleet is one worker with a cap of 2 on a private Redis, a
@@ -403,11 +404,24 @@ func (q *pausedQueue) runsBesideThePause(t *testing.T, other, held int, limit, p
 // and no standby place of a cap that another queue's tasks could use
 // (SPEC §2.11); once the queue resumes they run.
 func TestPausedQueueHoldsNoPlaces(t *testing.T) {
-	q := newPausedQueue(t, redistest.Start(t), "    semaphore: {key: scarce, capacity: 2, ttl: 10s, wait_timeout: 5s}", operatorTaskDur)
+	srv := redistest.Start(t)
+	q := newPausedQueue(t, srv, "    semaphore: {key: scarce, capacity: 2, ttl: 10s, wait_timeout: 5s}", operatorTaskDur)
 	p := newProducer(t, q.yaml, "held", "other")
 	q.enqueue(t, p, "held", 4)
 	startWorkers(t, 1, q.yaml, map[string]asynq.HandlerFunc{"held": q.handler, "other": q.handler})
 	q.enqueue(t, p, "other", 10)
+	// The paused queue's tasks, first in line, step aside as their turn
+	// comes: the room's reading (what /api/semaphores shows) counts them
+	// aside, not waiting.
+	sem, err := semaphore.New(srv.Client(), semaphore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sem.Close() }()
+	waitfor.Condition(t, 10*time.Second, "the paused queue's 4 tasks stand aside", func() bool {
+		st, err := sem.RoomStats(context.Background(), "scarce")
+		return err == nil && st.Aside == 4
+	})
 	pace := 10 * operatorTaskDur / 2
 	q.runsBesideThePause(t, 10, 4, 2*pace+3*time.Second, pace)
 }

@@ -73,7 +73,8 @@ func roomOf(t *testing.T, f *fixture, key string) semaphore.RoomStats {
 // are counted from the waiting room on /metrics and /api/semaphores, with
 // the oldest wait and the standby places in use; a template sums its
 // rendered keys (the oldest wait: the longest) under its own label, and an
-// idle key reads 0.
+// idle key reads 0. A task stepped aside (its queue paused) is counted
+// aside on /api/semaphores, not waiting.
 func TestWaitingRoomsOnMetricsAndAPI(t *testing.T) {
 	f := newFixture(t, fixtureOptions{keys: []KeyInfo{
 		{Key: "legacy-api", Capacity: 1},
@@ -81,6 +82,7 @@ func TestWaitingRoomsOnMetricsAndAPI(t *testing.T) {
 		{Key: "tenant:{tenant_id}", Capacity: 1, Template: "tenant:{tenant_id}"},
 		{Key: "tenant:acme", Capacity: 1, Template: "tenant:{tenant_id}"},
 		{Key: "tenant:globex", Capacity: 1, Template: "tenant:{tenant_id}"},
+		{Key: "paused-queue", Capacity: 1},
 	}})
 	f.hold(t, "legacy-api", 1, 1, "running")
 	f.wait(t, "legacy-api", 1, "a", "b", "c")
@@ -90,6 +92,14 @@ func TestWaitingRoomsOnMetricsAndAPI(t *testing.T) {
 	f.hold(t, "tenant:globex", 1, 1, "globex-running")
 	f.wait(t, "tenant:globex", 1, "w")
 	f.enqueueToWait(t, "tenant:globex", 1, "z")
+	// A task of a paused queue steps aside when its turn comes: counted
+	// aside, not waiting.
+	f.hold(t, "paused-queue", 1, 1, "paused-running")
+	f.wait(t, "paused-queue", 1, "s")
+	f.enqueueToWait(t, "paused-queue", 1, "p")
+	if err := f.sem.StepAside(context.Background(), "paused-queue", "default\x00p"); err != nil {
+		t.Fatal(err)
+	}
 	legacy, acme, globex := roomOf(t, f, "legacy-api"), roomOf(t, f, "tenant:acme"), roomOf(t, f, "tenant:globex")
 	if legacy.Waiting != 4 || legacy.Standby != 1 || acme.Waiting != 2 || globex.Waiting != 2 {
 		t.Fatalf("rooms: legacy-api %+v, tenant:acme %+v, tenant:globex %+v", legacy, acme, globex)
@@ -154,7 +164,10 @@ func TestWaitingRoomsOnMetricsAndAPI(t *testing.T) {
 			t.Errorf("row %s: waiting %d, standby %d, oldest %vs; want %d, %d, at least %v", c.key, r.Waiting, r.Standby, r.OldestWaitSeconds, c.waiting, c.standby, c.atLeast)
 		}
 	}
-	for _, field := range []string{`"waiting":4`, `"standby":1`, `"oldest_wait_seconds":`} {
+	if r := byKey["paused-queue"]; r.Waiting != 1 || r.Aside != 1 {
+		t.Errorf("row paused-queue: waiting %d, aside %d; want 1 (standing by), 1", r.Waiting, r.Aside)
+	}
+	for _, field := range []string{`"waiting":4`, `"standby":1`, `"oldest_wait_seconds":`, `"aside":1`} {
 		if !strings.Contains(body, field) {
 			t.Errorf("/api/semaphores lacks %s: %s", field, body)
 		}

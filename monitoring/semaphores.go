@@ -52,6 +52,11 @@ type SemaphoreStatus struct {
 	// Standby is the standby places in use: tasks waiting in a worker
 	// slot for the next seat, or on their way to one (a template: summed).
 	Standby int `json:"standby"`
+	// Aside is the tasks that stepped out of the line for a while and
+	// keep their place in it (their queue is paused, their worker died
+	// with them, or they wait for another key); not in Waiting (a
+	// template: summed).
+	Aside int `json:"aside"`
 	// OldestWaitSeconds is how long the task that has waited longest has
 	// waited (server clock); 0 when none waits; for a template, the
 	// longest of its rendered keys.
@@ -199,6 +204,7 @@ func (st *SemaphoreStatus) count(rendered SemaphoreStatus) {
 	st.Used += rendered.Used
 	st.Waiting += rendered.Waiting
 	st.Standby += rendered.Standby
+	st.Aside += rendered.Aside
 	st.OldestWaitSeconds = max(st.OldestWaitSeconds, rendered.OldestWaitSeconds)
 }
 
@@ -260,7 +266,7 @@ func (s *snapshotter) status(ctx context.Context, k KeyInfo) (SemaphoreStatus, e
 	st := SemaphoreStatus{
 		Kind: KindSemaphore, Key: k.Key, Capacity: capacity, ConfiguredCapacity: k.Capacity, Override: over,
 		Holders: make([]HolderStatus, len(hs)),
-		Waiting: room.Waiting, Standby: room.Standby, OldestWaitSeconds: room.OldestWait.Seconds(), FairValues: room.TopValues,
+		Waiting: room.Waiting, Standby: room.Standby, Aside: room.Aside, OldestWaitSeconds: room.OldestWait.Seconds(), FairValues: room.TopValues,
 	}
 	for i, h := range hs {
 		st.Holders[i] = HolderStatus{PermitID: h.PermitID, TaskID: h.Label, ExpiresAt: h.ExpiresAt.UTC(), Seats: h.Seats}

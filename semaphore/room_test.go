@@ -971,6 +971,9 @@ func TestStandbyOfAGoneProcessStepsAside(t *testing.T) {
 			if err := rdb.ZScore(ctx, storeKey(key, "waiting"), "gone").Err(); !errors.Is(err, redis.Nil) {
 				t.Fatalf("the gone process's token still waits in line: %v", err)
 			}
+			if st := roomStats(t, s, key); st.Aside != 1 {
+				t.Fatalf("room stats %+v, want the gone process's token aside", st)
+			}
 			if seated != nil {
 				if p := <-seated; p != nil {
 					if err := p.Release(ctx); err != nil {

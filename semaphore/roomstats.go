@@ -35,6 +35,12 @@ type RoomStats struct {
 	// Standby is the standby places in use: tasks waiting in a worker slot
 	// for the next seat, or let out of the room and on their way to one.
 	Standby int
+	// Aside is the tokens that stepped out of the line for a while and
+	// keep their arrival for when their task comes back (StepAside): its
+	// queue is paused, its worker died with it, or it waits for another
+	// key. Not in Waiting. A task deleted meanwhile is counted until its
+	// note lapses with the room's keys (an hour at most).
+	Aside int
 	// OldestArrival is when the task that has waited longest came (its
 	// first arrival, kept however often it went back); zero when nobody
 	// waits.
@@ -66,14 +72,15 @@ func (s *Service) RoomStats(ctx context.Context, key string) (RoomStats, error) 
 	if err != nil {
 		return RoomStats{}, fmt.Errorf("semaphore: room stats of %q: %w", key, err)
 	}
-	var n [7]int64
-	for i, name := range []string{"now", "parked", "waiting", "places", "live", "inboth", "oldest"} {
+	var n [8]int64
+	for i, name := range []string{"now", "parked", "waiting", "places", "live", "inboth", "oldest", "aside"} {
 		if n[i], err = rep.int(name); err != nil {
 			return RoomStats{}, fmt.Errorf("semaphore: room stats of %q: %w", key, err)
 		}
 	}
-	now, parked, waiting, places, live, inboth, oldest := n[0], n[1], n[2], n[3], n[4], n[5], n[6]
-	st := RoomStats{Waiting: int(parked + places + waiting - inboth), Parked: int(parked), Standby: int(live), ReadAt: time.UnixMicro(now)}
+	now, parked, waiting, places, live, inboth, oldest, aside := n[0], n[1], n[2], n[3], n[4], n[5], n[6], n[7]
+	st := RoomStats{Waiting: int(parked + places + waiting - inboth), Parked: int(parked), Standby: int(live), Aside: int(aside),
+		ReadAt: time.UnixMicro(now)}
 	if fair, _ := rep.int("fair"); fair == 1 {
 		// Arrivals are virtual on a fair key: the real ones tell the wait.
 		if oldest, err = rep.int("oldestreal"); err != nil {

@@ -9,7 +9,10 @@
 -- waiting in a process: Acquire callers, tasks standing by), places (in
 -- use or lapsed), live (places in use, not lapsed), inboth (tokens in
 -- places that also wait in a process: tasks standing by in a slot),
--- oldest (the smallest arrival, µs; 0 when nobody waits); and for a fair
+-- oldest (the smallest arrival, µs; 0 when nobody waits), aside (tokens
+-- that stepped out of the line and keep their arrival: their queue is
+-- paused, their worker died with them, they wait for another key, or
+-- their task was deleted meanwhile and their note lapses later); and for a fair
 -- key (see room.lua), whose arrivals are virtual: fair 1, oldestreal (the
 -- earliest real arrival of a token still waiting, µs) and values (value,
 -- count pairs: the a.top values with the most tokens waiting, most first;
@@ -18,7 +21,8 @@
 local a = args()
 local now, t = clock()
 local nowus = tonumber(micros(t))
-if not occupied() then return {'now', nowus, 'parked', 0, 'waiting', 0, 'places', 0, 'live', 0, 'inboth', 0, 'oldest', 0} end
+local aside = redis.call('ZCARD', KEYS[9])
+if not occupied() then return {'now', nowus, 'parked', 0, 'waiting', 0, 'places', 0, 'live', 0, 'inboth', 0, 'oldest', 0, 'aside', aside} end
 local parked = redis.call('ZCARD', KEYS[5])
 local waiting = redis.call('ZCARD', KEYS[2])
 local places = redis.call('ZCARD', KEYS[6])
@@ -66,5 +70,5 @@ if redis.call('EXISTS', KEYS[12]) == 1 then
     values[#values + 1] = counts[names[i]]
   end
 end
-return {'now', nowus, 'parked', parked, 'waiting', waiting, 'places', places, 'live', live, 'inboth', inboth, 'oldest', oldest,
+return {'now', nowus, 'parked', parked, 'waiting', waiting, 'places', places, 'live', live, 'inboth', inboth, 'oldest', oldest, 'aside', aside,
   'fair', fair, 'oldestreal', oldestreal, 'values', values}
