@@ -32,8 +32,7 @@ import (
 // paused, and keeps its arrival for when it resumes. A token whose task
 // is still in a worker's hands after 200 ms steps aside too (a cap's is
 // asked for once more a second later, see bringCap). Both rooms' wake-ups
-// go through Waker.bring. Its delay in
-// asynq is only the safety net.
+// go through Waker.bring. Its delay in asynq is only the safety net.
 
 // Waker brings the tasks a cap's room lets out to their queue: give its
 // OnWake to semaphore.Options.OnWake. The worker and the producer's Gate

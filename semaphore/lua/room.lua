@@ -353,9 +353,10 @@ local placeFreed = false
 -- (prefix .. channel). A token whose process was not heard of lately is
 -- passed over (it gets a seat once its process is back), and, once the
 -- presence lapsed asideAfter ago, gives up the standby place it holds (it
--- steps aside, keeping its arrival); one whose process is gone is dropped. It returns the caller's grants (token, member, fence
--- triples), the seats still free, whether a waiter blocks the line, and
--- how many tokens it gave a seat, the caller's and others'.
+-- steps aside, keeping its arrival); one whose process is gone is
+-- dropped. It returns the caller's grants (token, member, fence triples),
+-- the seats still free, whether a waiter blocks the line, and how many
+-- tokens it gave a seat, the caller's and others'.
 local function grant(now, t, free, mine, prefix, key, before)
   local own = {}
   local given = 0

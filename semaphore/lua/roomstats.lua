@@ -12,11 +12,11 @@
 -- oldest (the smallest arrival, µs; 0 when nobody waits), aside (tokens
 -- that stepped out of the line and keep their arrival: their queue is
 -- paused, their worker died with them, they wait for another key, or
--- their task was deleted meanwhile and their note lapses later); and for a fair
--- key (see room.lua), whose arrivals are virtual: fair 1, oldestreal (the
--- earliest real arrival of a token still waiting, µs) and values (value,
--- count pairs: the a.top values with the most tokens waiting, most first;
--- at most a.realsmax tokens are looked at).
+-- their task was deleted meanwhile and their note lapses later); and for
+-- a fair key (see room.lua), whose arrivals are virtual: fair 1,
+-- oldestreal (the earliest real arrival of a token still waiting, µs) and
+-- values (value, count pairs: the a.top values with the most tokens
+-- waiting, most first; at most a.realsmax tokens are looked at).
 
 local a = args()
 local now, t = clock()
