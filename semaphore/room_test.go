@@ -1025,3 +1025,39 @@ func TestSeatedStandbyOfALiveProcessKeepsItsPlace(t *testing.T) {
 		t.Fatalf("x, seated and not started, lost its place: %v", err)
 	}
 }
+
+// TestDirectSeatKeepsItsPlaceUntilItStarts: a task let out of the room
+// that takes a free seat as it comes keeps its place until it starts, even
+// when no process has stood by lately (nobody's presence is in the room):
+// a sweep in that moment, finding a seat free and the places full, does
+// not take it for a dead worker's and let another token out.
+func TestDirectSeatKeepsItsPlaceUntilItStarts(t *testing.T) {
+	srv, s, woken, key := wokenService(t)
+	ctx, rdb := context.Background(), srv.Client()
+	room := semaphore.Room{Standby: 2, Hold: 10 * time.Second, Transit: time.Second, TTL: time.Minute}
+	for _, token := range []string{"p1", "p2", "p3"} {
+		if _, err := s.Park(ctx, key, 2, token, room); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Two seats free and two places: p1 and p2 are let out, p3 waits.
+	for range 2 {
+		woken.next(t)
+	}
+	e := enter(t, s, key, 2, "p1", room)
+	if e.Permit == nil || !e.HoldsPlace() {
+		t.Fatalf("p1 took no free seat keeping its place: %+v", e)
+	}
+	if n := rdb.Exists(ctx, storeKey(key, "procs")).Val(); n != 0 {
+		t.Fatal("a process's presence is in the room: the test needs none")
+	}
+	if _, err := s.Admit(ctx, key, 2, room); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ZScore(ctx, storeKey(key, "places"), "p1").Err(); err != nil {
+		t.Fatalf("p1, seated and not started, lost its place to the sweep: %v", err)
+	}
+	if err := rdb.ZScore(ctx, storeKey(key, "parked"), "p3").Err(); err != nil {
+		t.Fatalf("p3 was let out beside p1 and p2: %v", err)
+	}
+}

@@ -62,10 +62,14 @@
 -- waiting holds nothing back; everything else orders tokens by arrival as
 -- before.
 
+-- given is the call's arguments, once args read them.
+local given = {}
+
 -- args reads ARGV's name/value pairs.
 local function args()
   local a = {}
   for i = 1, #ARGV, 2 do a[ARGV[i]] = ARGV[i + 1] end
+  given = a
   return a
 end
 
@@ -452,14 +456,21 @@ local function reclaim(now)
 end
 
 -- unstrand steps aside the tokens that hold a place renewed from a slot
--- (it lapses later than a place in transit can) but wait in no process:
--- their process stopped renewing the waiting (its keys lapsed with its
--- presence: it died) before they got a seat, or they got one and did not
--- start. So the places of a dead worker's tasks go on once seats are
--- free, rather than when they lapse. It returns how many it stepped
--- aside.
+-- (it lapses later than a place in transit can) at least twice
+-- asideAfter ago (by the call's hold, the place's lease from a slot) but
+-- wait in no process: their process stopped renewing the waiting (its
+-- keys lapsed with its presence: it died) before they got a seat, or they
+-- got one and did not start. So the places of a dead worker's tasks go on
+-- once seats are free, rather than when they lapse; a task that took a
+-- free seat as it came (it keeps its place until it starts) is left
+-- alone. A call that does not say the hold steps none aside. It returns
+-- how many it stepped aside.
 local function unstrand(now, transit)
-  local held = redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. (now + transit), '+inf', 'LIMIT', 0, 100)
+  local hold = tonumber(given.hold or '')
+  if not hold then return 0 end
+  local renewedBy = now + hold - 2 * asideAfter
+  if renewedBy <= now + transit then return 0 end
+  local held = redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. (now + transit), renewedBy, 'LIMIT', 0, 100)
   if #held == 0 then return 0 end
   local waits = redis.call('ZMSCORE', KEYS[2], unpack(held))
   local n = 0
