@@ -253,17 +253,21 @@ func (e *Entry) Wait(ctx context.Context, opts ...AcquireOption) (*Permit, error
 	}
 	w := e.w
 	e.w = nil
+	// The waiter is registered: its recheck loop reads its request (see
+	// rejoin, afterRecheck) under the registry's lock.
+	e.s.waits.mu.Lock()
 	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		o(&w.req.cfg)
-		if w.req.cfg.err != nil {
-			e.s.giveUp(w, "park")
-			return nil, w.req.cfg.err
+		if o != nil {
+			o(&w.req.cfg)
 		}
 	}
+	err := w.req.cfg.err
 	w.req.started = time.Now()
+	e.s.waits.mu.Unlock()
+	if err != nil {
+		e.s.giveUp(w, "park")
+		return nil, err
+	}
 	p, err := e.s.observed(ctx, w.req.key, w.req.capacity, func(ctx context.Context) (*Permit, int, error) {
 		return e.s.await(ctx, w, "park")
 	})

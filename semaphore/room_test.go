@@ -1061,3 +1061,71 @@ func TestDirectSeatKeepsItsPlaceUntilItStarts(t *testing.T) {
 		t.Fatalf("p3 was let out beside p1 and p2: %v", err)
 	}
 }
+
+// TestStalledProcessRejoinsWithItsArrival: a process that was only slow
+// (not heard of for over 6 s: a long pause, a stopped VM) finds, when it
+// is back, that its task standing by stepped aside and its presence was
+// dropped; its next rechecks name its waiters, and the task joins the line
+// again with its arrival, and gets the seat that freed meanwhile, rather
+// than waiting out its wait timeout out of line.
+func TestStalledProcessRejoinsWithItsArrival(t *testing.T) {
+	srv, s, _, key := wokenService(t)
+	ctx, rdb := context.Background(), srv.Client()
+	room := semaphore.Room{Standby: 1, Hold: 10 * time.Second, Transit: time.Second, TTL: time.Minute}
+	holder := enter(t, s, key, 1, "holder", room)
+	if holder.Permit == nil {
+		t.Fatal("the first task found no free seat")
+	}
+	slow := newService(t, rdb)
+	e := enter(t, slow, key, 1, "slow", room)
+	if !e.Standby {
+		t.Fatal("the slow process's task has no standby place")
+	}
+	got := make(chan *semaphore.Permit, 1)
+	go func() {
+		p, err := e.Wait(ctx, semaphore.WithWaitTimeout(30*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- p
+	}()
+	procs := storeKey(key, "procs")
+	presence := func() float64 {
+		z := rdb.ZRangeWithScores(ctx, procs, 0, 0).Val()
+		if len(z) != 1 {
+			return 0
+		}
+		return z[0].Score
+	}
+	// Right after the slow process renews its presence, once its rechecks
+	// are a second apart (the next is half a second away at least), its
+	// presence is made to look 4 s lapsed, as after a stall, and the
+	// holder gives its seat back.
+	waitfor.Condition(t, 10*time.Second, "the slow process's rechecks back off", func() bool {
+		return slow.LineBackoff(key) >= time.Second
+	})
+	first := presence()
+	waitfor.Condition(t, 5*time.Second, "the slow process renews its presence", func() bool { return presence() != first })
+	member := rdb.ZRange(ctx, procs, 0, 0).Val()[0]
+	now := rdb.Time(ctx).Val().UnixMilli()
+	if err := rdb.ZAdd(ctx, procs, redis.Z{Score: float64(now - 4000), Member: member}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Permit.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ZScore(ctx, storeKey(key, "aside"), "slow").Err(); err != nil {
+		t.Fatalf("the stalled task did not step aside (its process renewed its presence meanwhile?): %v", err)
+	}
+	select {
+	case p := <-got:
+		if p == nil {
+			t.FailNow()
+		}
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(8 * time.Second):
+		t.Fatal("the stalled task did not join the line again and get the free seat within 8s")
+	}
+}

@@ -454,6 +454,12 @@ func (s *Service) afterRecheck(key string, kw *keyWaits, rep reply, sent time.Ti
 	if asked >= 0 && r.heard && r.subSeq == asked {
 		kw.missed = false
 	}
+	if resend, _ := rep.int("resend"); resend == 1 {
+		// The process's presence had been dropped (it was not heard of
+		// for a while): the next recheck names its waiters, and those
+		// that were dropped or stepped aside join again.
+		kw.missed = true
+	}
 	kw.presentBy(sent)
 	kw.earliest = time.Time{}
 	if earliest > 0 {
@@ -489,12 +495,16 @@ func (s *Service) rejoin(key string, tokens []string) {
 		// It got its seat meanwhile (and may have run already), or its
 		// first call is still on its way.
 		gone := w == nil || w.done || !w.joined
+		var req request
+		if !gone {
+			req = w.req // Entry.Wait sets its options under the lock
+		}
 		s.waits.mu.Unlock()
 		if gone {
 			continue
 		}
 		s.log.Warn("semaphore: a waiter was dropped while this process was not heard of; it waits again", "key", key)
-		if p, _, err := s.ask(w.req, w, "join"); err != nil {
+		if p, _, err := s.ask(req, w, "join"); err != nil {
 			s.log.Warn("semaphore: rejoin the waiting", "key", key, "err", err)
 		} else if p != nil {
 			s.deliverPermit(w, p)

@@ -51,8 +51,8 @@
 --   mine      recheck: how many of the process's waiting tokens follow,
 --             as t1, m1, t2, m2, ... (token, and the member of the seat it
 --             asked for): those given a seat are named in granted; when
---             the process's presence was dropped, those no longer waiting
---             in lost
+--             the process's presence was dropped, or they stepped aside,
+--             those no longer waiting in lost
 --
 -- Reply, name/value pairs: outcome (seat | standby | waiting | parked |
 -- full), now (ms), arrival (the token's, µs), earliest (the soonest lease
@@ -64,7 +64,9 @@
 -- (token, member, fence triples: the caller's waiters given a seat),
 -- woken (tokens let out of the room, for the caller to bring back),
 -- arrivals (theirs: token, arrival, ...), lost
--- (recheck: the caller's tokens to join again); a join that got no seat,
+-- (recheck: the caller's tokens to join again), resend (recheck: 1 when
+-- the process's presence had been dropped and the call named none of its
+-- tokens: it should name them next time); a join that got no seat,
 -- and a recheck with head '1', also say the line's head and clear (see
 -- lineHead).
 
@@ -122,7 +124,7 @@ end
 -- workers' sweep, admit.lua, as earliestArmed says.) One command less.
 if mode == 'enter' and a.armed == '1' then sweptAt = now end
 local free = math.max(capacity - liveHolders(now), 0)
-local own, woken, lost = {}, {}, {}
+local own, woken, lost, resend = {}, {}, {}, 0
 local blocked = false
 if roomed and free > 0 and mode ~= 'reserve' then
   -- Seats free while tokens wait in a process (a lease ran out): they go
@@ -152,11 +154,16 @@ if mode == 'recheck' then
         own[#own + 1] = tok
         own[#own + 1] = m
         own[#own + 1] = nextFence(KEYS[10], t, math.max(tonumber(expiry) - now, 1))
-      elseif fresh then
+      elseif fresh or redis.call('ZSCORE', KEYS[9], tok) then
+        -- Dropped with the presence, or stepped aside while the process
+        -- was not heard of (see grant): it joins again, with its arrival.
         lost[#lost + 1] = tok
       end
     end
   end
+  -- A presence dropped while the call names none of the process's tokens:
+  -- the process asks again, naming them (resend).
+  if fresh and n == 0 then resend = 1 end
   for i = 2, 4 do redis.call('PEXPIRE', KEYS[i], tonumber(a.procttl) * 2) end
   outcome = 'waiting'
 elseif free >= seats and not blocked and mode ~= 'reserve' then
@@ -273,7 +280,7 @@ if (outcome == 'waiting' or outcome == 'standby') and a.armed ~= '1' then
   if #e > 0 then earliest = tonumber(e[2]) end
 end
 local reply = {'outcome', outcome, 'now', now, 'fence', fence, 'arrival', arrival, 'earliest', earliest, 'free', free, 'kept', kept, 'spared', spared,
-  'granted', own, 'woken', woken, 'arrivals', arrivals, 'lost', lost}
+  'granted', own, 'woken', woken, 'arrivals', arrivals, 'lost', lost, 'resend', resend}
 if (mode == 'join' or (mode == 'recheck' and a.head == '1')) and outcome ~= 'seat' then
   local head, clear = lineHead()
   reply[#reply + 1], reply[#reply + 2], reply[#reply + 3], reply[#reply + 4] = 'head', head, 'clear', clear

@@ -329,8 +329,8 @@ local goneAfter = 30000
 -- asideAfter is how long, in ms, a process's presence may have lapsed
 -- before its tasks standing by step aside: as long again as a presence
 -- lasts, when the process's waiting keys lapse too. A process that slow
--- is likely dead; if it is not, its tasks wait for their wait_timeout and
--- park, keeping their arrival.
+-- is likely dead; if it is not, it finds its presence gone when it comes
+-- back, and its tasks join the line again with their arrival.
 local asideAfter = 3000
 
 -- seatMessage is the message that sends a waiting token its seat: the
@@ -401,6 +401,10 @@ local function grant(now, t, free, mine, prefix, key, before)
         if presence + asideAfter <= now and redis.call('ZSCORE', KEYS[6], token) then
           stepAside(token, micros(t))
           placeFreed = true
+          -- Its presence goes too: a process that was only slow finds it
+          -- gone when it comes back, and its waiters join again (see
+          -- recheck in acquire.lua), this one with its arrival.
+          redis.call('ZREM', KEYS[4], channel)
         elseif presence + goneAfter <= now then
           -- Its process finds its presence gone if it comes back, and
           -- joins again (see recheck in acquire.lua).
