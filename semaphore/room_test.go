@@ -20,6 +20,26 @@ func roomOf(standby int) semaphore.Room {
 	return semaphore.Room{Standby: standby, Hold: 10 * time.Second, Transit: 10 * time.Second, TTL: time.Minute}
 }
 
+// workerRoom is roomOf with the worker's second in transit: a place held
+// from a slot (10 s) lasts longer than a test waits, and one in transit
+// lapses sooner than it.
+func workerRoom(standby int) semaphore.Room {
+	room := roomOf(standby)
+	room.Transit = time.Second
+	return room
+}
+
+// inRoom reports whether token is in part (waiting, parked, places,
+// aside, ...) of key's room.
+func inRoom(t *testing.T, rdb *redis.Client, key, part, token string) bool {
+	t.Helper()
+	err := rdb.ZScore(context.Background(), storeKey(key, part), token).Err()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		t.Fatal(err)
+	}
+	return err == nil
+}
+
 // wakeLog collects the tokens a Service's OnWake is handed.
 type wakeLog chan string
 
@@ -909,10 +929,7 @@ func TestStandbyOfAGoneProcessStepsAside(t *testing.T) {
 			t.Parallel()
 			srv, s, woken, key := wokenService(t)
 			ctx, rdb := context.Background(), srv.Client()
-			// A place held from a slot lasts longer than the test waits; one
-			// in transit, a second, as the worker's.
-			room := roomOf(1)
-			room.Transit = time.Second
+			room := workerRoom(1)
 			holder := enter(t, s, key, 1, "holder", room)
 			if holder.Permit == nil {
 				t.Fatal("the first task found no free seat")
@@ -929,7 +946,9 @@ func TestStandbyOfAGoneProcessStepsAside(t *testing.T) {
 			if _, err := s.Park(ctx, key, 1, "parked", room); err != nil {
 				t.Fatal(err)
 			}
-			woken.none(t) // the one place is taken
+			if !inRoom(t, rdb, key, "parked", "parked") {
+				t.Fatal("the parked token was let out: the one place is taken")
+			}
 			var seated chan *semaphore.Permit
 			if lapsed == "presence" {
 				// A live process waits behind it, and keeps the line.
@@ -991,10 +1010,9 @@ func TestStandbyOfAGoneProcessStepsAside(t *testing.T) {
 // as processes are heard of: only a dead worker's places are stepped aside
 // (see TestStandbyOfAGoneProcessStepsAside).
 func TestSeatedStandbyOfALiveProcessKeepsItsPlace(t *testing.T) {
-	srv, s, woken, key := wokenService(t)
+	srv, s, _, key := wokenService(t)
 	ctx, rdb := context.Background(), srv.Client()
-	room := roomOf(1)
-	room.Transit = time.Second
+	room := workerRoom(1)
 	var held []*semaphore.Permit
 	for _, token := range []string{"h1", "h2"} {
 		e := enter(t, s, key, 2, token, room)
@@ -1020,9 +1038,11 @@ func TestSeatedStandbyOfALiveProcessKeepsItsPlace(t *testing.T) {
 	if err := held[1].Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	woken.none(t)
-	if err := rdb.ZScore(ctx, storeKey(key, "places"), "x").Err(); err != nil {
-		t.Fatalf("x, seated and not started, lost its place: %v", err)
+	if !inRoom(t, rdb, key, "places", "x") {
+		t.Fatal("x, seated and not started, lost its place")
+	}
+	if !inRoom(t, rdb, key, "parked", "parked") {
+		t.Fatal("the parked token was let out beside x")
 	}
 }
 
@@ -1034,7 +1054,7 @@ func TestSeatedStandbyOfALiveProcessKeepsItsPlace(t *testing.T) {
 func TestDirectSeatKeepsItsPlaceUntilItStarts(t *testing.T) {
 	srv, s, woken, key := wokenService(t)
 	ctx, rdb := context.Background(), srv.Client()
-	room := semaphore.Room{Standby: 2, Hold: 10 * time.Second, Transit: time.Second, TTL: time.Minute}
+	room := workerRoom(2)
 	for _, token := range []string{"p1", "p2", "p3"} {
 		if _, err := s.Park(ctx, key, 2, token, room); err != nil {
 			t.Fatal(err)
@@ -1054,11 +1074,11 @@ func TestDirectSeatKeepsItsPlaceUntilItStarts(t *testing.T) {
 	if _, err := s.Admit(ctx, key, 2, room); err != nil {
 		t.Fatal(err)
 	}
-	if err := rdb.ZScore(ctx, storeKey(key, "places"), "p1").Err(); err != nil {
-		t.Fatalf("p1, seated and not started, lost its place to the sweep: %v", err)
+	if !inRoom(t, rdb, key, "places", "p1") {
+		t.Fatal("p1, seated and not started, lost its place to the sweep")
 	}
-	if err := rdb.ZScore(ctx, storeKey(key, "parked"), "p3").Err(); err != nil {
-		t.Fatalf("p3 was let out beside p1 and p2: %v", err)
+	if !inRoom(t, rdb, key, "parked", "p3") {
+		t.Fatal("p3 was let out beside p1 and p2")
 	}
 }
 
@@ -1071,7 +1091,7 @@ func TestDirectSeatKeepsItsPlaceUntilItStarts(t *testing.T) {
 func TestStalledProcessRejoinsWithItsArrival(t *testing.T) {
 	srv, s, _, key := wokenService(t)
 	ctx, rdb := context.Background(), srv.Client()
-	room := semaphore.Room{Standby: 1, Hold: 10 * time.Second, Transit: time.Second, TTL: time.Minute}
+	room := workerRoom(1)
 	holder := enter(t, s, key, 1, "holder", room)
 	if holder.Permit == nil {
 		t.Fatal("the first task found no free seat")
@@ -1106,7 +1126,11 @@ func TestStalledProcessRejoinsWithItsArrival(t *testing.T) {
 	})
 	first := presence()
 	waitfor.Condition(t, 5*time.Second, "the slow process renews its presence", func() bool { return presence() != first })
-	member := rdb.ZRange(ctx, procs, 0, 0).Val()[0]
+	members := rdb.ZRange(ctx, procs, 0, 0).Val()
+	if len(members) != 1 {
+		t.Fatalf("presences in the room: %v, want the slow process's", members)
+	}
+	member := members[0]
 	now := rdb.Time(ctx).Val().UnixMilli()
 	if err := rdb.ZAdd(ctx, procs, redis.Z{Score: float64(now - 4000), Member: member}).Err(); err != nil {
 		t.Fatal(err)
