@@ -1086,8 +1086,8 @@ func TestDirectSeatKeepsItsPlaceUntilItStarts(t *testing.T) {
 // (not heard of for over 6 s: a long pause, a stopped VM) finds, when it
 // is back, that its task standing by stepped aside and its presence was
 // dropped; its next rechecks name its waiters, and the task joins the line
-// again with its arrival, and gets the seat that freed meanwhile, rather
-// than waiting out its wait timeout out of line.
+// again with its arrival (no longer aside), and gets the next seat,
+// rather than waiting out its wait timeout out of line.
 func TestStalledProcessRejoinsWithItsArrival(t *testing.T) {
 	srv, s, _, key := wokenService(t)
 	ctx, rdb := context.Background(), srv.Client()
@@ -1100,6 +1100,10 @@ func TestStalledProcessRejoinsWithItsArrival(t *testing.T) {
 	e := enter(t, slow, key, 1, "slow", room)
 	if !e.Standby {
 		t.Fatal("the slow process's task has no standby place")
+	}
+	arrival, err := rdb.ZScore(ctx, storeKey(key, "waiting"), "slow").Result()
+	if err != nil {
+		t.Fatal(err)
 	}
 	got := make(chan *semaphore.Permit, 1)
 	go func() {
@@ -1138,8 +1142,26 @@ func TestStalledProcessRejoinsWithItsArrival(t *testing.T) {
 	if err := holder.Permit.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := rdb.ZScore(ctx, storeKey(key, "aside"), "slow").Err(); err != nil {
-		t.Fatalf("the stalled task did not step aside (its process renewed its presence meanwhile?): %v", err)
+	if !inRoom(t, rdb, key, "aside", "slow") {
+		t.Fatal("the stalled task did not step aside (its process renewed its presence meanwhile?)")
+	}
+	// Another task takes the free seat: the stalled one, back, waits in
+	// line again, with its arrival, and no longer counts as aside.
+	other := enter(t, s, key, 1, "other", room)
+	if other.Permit == nil {
+		t.Fatal("the free seat went to nobody")
+	}
+	waitfor.Condition(t, 8*time.Second, "the stalled task joins the line again", func() bool {
+		return inRoom(t, rdb, key, "waiting", "slow")
+	})
+	if got, err := rdb.ZScore(ctx, storeKey(key, "waiting"), "slow").Result(); err != nil || got != arrival {
+		t.Fatalf("the stalled task waits at %v (%v), want its arrival %v", got, err, arrival)
+	}
+	if st := roomStats(t, s, key); st.Aside != 0 {
+		t.Fatalf("room stats %+v: the stalled task, back in line, still counts as aside", st)
+	}
+	if err := other.Permit.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 	select {
 	case p := <-got:
@@ -1150,6 +1172,6 @@ func TestStalledProcessRejoinsWithItsArrival(t *testing.T) {
 			t.Fatal(err)
 		}
 	case <-time.After(8 * time.Second):
-		t.Fatal("the stalled task did not join the line again and get the free seat within 8s")
+		t.Fatal("the stalled task did not get the seat given back within 8s")
 	}
 }

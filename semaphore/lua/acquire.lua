@@ -106,7 +106,9 @@ end
 local arrival, fresh, inPlace = nowus, true, false
 if placedAt then
   arrival, fresh, inPlace = placedAt, false, true
-elseif token ~= '' and (roomed or (a.share or '') ~= '') then
+elseif token ~= '' and (roomed or (a.share or '') ~= '' or (mode == 'join' and a.new ~= '1')) then
+  -- (A rejoin, not new, is looked for even in a room with nobody else:
+  -- it may have stepped aside, keeping its arrival.)
   arrival, fresh, inPlace = arrivalOf(token, nowus, a, mode == 'enter')
 end
 -- A waiter that waited behind in its process joins with its arrival.
@@ -197,6 +199,10 @@ elseif free >= seats and not blocked and mode ~= 'reserve' then
   end
 elseif mode == 'join' then
   redis.call('ZADD', KEYS[2], arrival, token)
+  -- A token that joins again (rejoin: not new) may have stepped aside
+  -- while its process was not heard of (see grant): back in line, it is
+  -- aside no more.
+  if not fresh then redis.call('ZREM', KEYS[9], token) end
   keep()
   redis.call('HSET', KEYS[3], token, slot(a))
   redis.call('ZADD', KEYS[4], now + tonumber(a.procttl), a.channel)
