@@ -102,9 +102,15 @@ func fillAllSeats(t *testing.T, services []*semaphore.Service, key string, capac
 // on error, reported) comes on the channel.
 func acquireInLine(t *testing.T, s *semaphore.Service, key string, opts ...semaphore.AcquireOption) <-chan *semaphore.Permit {
 	t.Helper()
+	return acquireInLineOf(t, s, key, 1, opts...)
+}
+
+// acquireInLineOf is acquireInLine on a key of capacity permits.
+func acquireInLineOf(t *testing.T, s *semaphore.Service, key string, permits int, opts ...semaphore.AcquireOption) <-chan *semaphore.Permit {
+	t.Helper()
 	got := make(chan *semaphore.Permit, 1)
 	go func() {
-		q, err := s.Acquire(context.Background(), key, 1, append([]semaphore.AcquireOption{semaphore.WithWaitTimeout(10 * time.Second)}, opts...)...)
+		q, err := s.Acquire(context.Background(), key, permits, append([]semaphore.AcquireOption{semaphore.WithWaitTimeout(10 * time.Second)}, opts...)...)
 		if err != nil {
 			t.Error(err)
 		}

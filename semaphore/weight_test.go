@@ -180,3 +180,54 @@ func TestWeightedSeatsNeverExceedTheCapacity(t *testing.T) {
 	}
 	t.Logf("peak %d of %d seats, %d served", peak, permits, served)
 }
+
+// TestGoneHeavyWaiterDoesNotHoldTheLine: a waiter of weight 2 first in
+// line, whose process is no longer heard of, does not keep a seat that
+// frees from the light waiter behind it (the seat would idle until a
+// second one freed): it is passed over as any waiter of such a process
+// is, whether or not its seats are free.
+func TestGoneHeavyWaiterDoesNotHoldTheLine(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx, rdb := context.Background(), srv.Client()
+	s := newService(t, rdb)
+	key := uniqueKey(t)
+	const permits = 2
+	first := mustAcquire(t, s, key, permits)
+	second := mustAcquire(t, s, key, permits)
+	defer func() { _ = second.Release(ctx) }()
+	cut, proxy := proxied(t, srv, 2)
+	gone := newService(t, cut)
+	go func() {
+		// It ends as its Service closes; what it returns does not matter.
+		if p, err := gone.Acquire(ctx, key, permits, semaphore.WithWeight(2), semaphore.WithWaitTimeout(30*time.Second)); err == nil {
+			_ = p.Release(ctx)
+		}
+	}()
+	waitfor.Condition(t, 5*time.Second, "the heavy waiter waits", func() bool { return gone.LocalWaiters(key) == 1 })
+	light := acquireInLineOf(t, s, key, permits)
+	proxy.Cut()
+	defer proxy.Restore() // for the gone Service's Close
+	waitfor.Condition(t, 10*time.Second, "the gone process's presence lapses", func() bool {
+		now, err := rdb.Time(ctx).Result()
+		if err != nil {
+			return false
+		}
+		// The live process renews its presence; the gone one's is the oldest.
+		oldest := rdb.ZRangeWithScores(ctx, storeKey(key, "procs"), 0, 0).Val()
+		return rdb.ZCard(ctx, storeKey(key, "procs")).Val() == 2 && len(oldest) == 1 && int64(oldest[0].Score) <= now.UnixMilli()
+	})
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case p := <-light:
+		if p == nil {
+			t.FailNow() // its error is reported
+		}
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the light waiter got no seat: the gone process's heavy waiter holds the line")
+	}
+}

@@ -345,22 +345,32 @@ end
 -- even when it freed no place itself.
 local placeFreed = false
 
+-- seatsFree reports whether seats seats are free: free of them, or, when
+-- the caller does not know the capacity (free < 0), the waiter's own
+-- capacity says.
+local function seatsFree(now, free, seats, capacity)
+  if free < 0 then return tonumber(capacity) - liveHolders(now) >= seats end
+  return free >= seats
+end
+
 -- grant gives free seats to the tokens waiting in a process, first come
 -- first served, as long as seats are free (and, with before, to those that
 -- arrived before it). A waiter that needs more seats than are free stops
 -- the line (blocked): nobody after it is served first, so that a heavy
--- waiter is not overtaken again and again. A token's seat is the permit it asked for (its slots
--- entry). A task standing by keeps its standby place until it starts (its
--- caller settles it, settle.lua), so that the slots holding a task that
--- does not run never outnumber the places. Seats for the caller's own
--- channel are returned, the others are sent on their process's channel
--- (prefix .. channel). A token whose process was not heard of lately is
--- passed over (it gets a seat once its process is back), and, once the
--- presence lapsed asideAfter ago, gives up the standby place it holds (it
--- steps aside, keeping its arrival); one whose process is gone is
--- dropped. It returns the caller's grants (token, member, fence triples),
--- the seats still free, whether a waiter blocks the line, and how many
--- tokens it gave a seat, the caller's and others'.
+-- waiter is not overtaken again and again (unless its process was not
+-- heard of lately: see below). A token's seat is the permit it asked for
+-- (its slots entry). A task standing by keeps its standby place until it
+-- starts (its caller settles it, settle.lua), so that the slots holding a
+-- task that does not run never outnumber the places. Seats for the
+-- caller's own channel are returned, the others are sent on their
+-- process's channel (prefix .. channel). A token whose process was not
+-- heard of lately is passed over, whether or not its seats are free (it
+-- gets a seat once its process is back), and, once the presence lapsed
+-- asideAfter ago, gives up the standby place it holds (it steps aside,
+-- keeping its arrival); one whose process is gone is dropped. It returns
+-- the caller's grants (token, member, fence triples), the seats still
+-- free, whether a waiter blocks the line, and how many tokens it gave a
+-- seat, the caller's and others'.
 local function grant(now, t, free, mine, prefix, key, before)
   local own = {}
   local given = 0
@@ -376,16 +386,6 @@ local function grant(now, t, free, mine, prefix, key, before)
     else
       local channel, id, ttl, capacity, seats, label = string.match(info, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
       seats = tonumber(seats)
-      local fits = free >= seats
-      if free < 0 then
-        -- The caller does not know the capacity: the waiter's own says
-        -- whether its seats are free.
-        fits = tonumber(capacity) - liveHolders(now) >= seats
-      end
-      if not fits then
-        blocked = true
-        break
-      end
       -- (The caller's own process is here: its presence is not looked up.)
       local presence = nil
       if channel ~= mine then presence = tonumber(redis.call('ZSCORE', KEYS[4], channel) or '0') end
@@ -414,6 +414,9 @@ local function grant(now, t, free, mine, prefix, key, before)
         else
           skipped = skipped + 1
         end
+      elseif not seatsFree(now, free, seats, capacity) then
+        blocked = true
+        break
       else
         redis.call('ZREM', KEYS[2], token)
         redis.call('HDEL', KEYS[3], token)
