@@ -1004,6 +1004,88 @@ func TestStandbyOfAGoneProcessStepsAside(t *testing.T) {
 	}
 }
 
+// TestSeatTakenPastAGoneStandbyLetsTheNextOut: a task let out of the room
+// comes to its slot while a seat is free, behind a standby task of a
+// process gone for a while (a live process's heavy waiter, behind them
+// both, keeps the line): its enter steps that one aside and takes the
+// seat (keeping its own place until it starts), and the place stepped
+// aside goes to the next parked token in the same call, not at the next
+// release.
+func TestSeatTakenPastAGoneStandbyLetsTheNextOut(t *testing.T) {
+	srv, s, _, key := wokenService(t)
+	ctx, rdb := context.Background(), srv.Client()
+	room := roomOf(2)
+	const capacity = 2
+	holder, other := enter(t, s, key, capacity, "holder", room), enter(t, s, key, capacity, "other", room)
+	if holder.Permit == nil || other.Permit == nil {
+		t.Fatal("the first two tasks found no free seat")
+	}
+	cut, proxy := proxied(t, srv, 2)
+	gone := newService(t, cut)
+	if e := enter(t, gone, key, capacity, "gone", room); !e.Standby {
+		t.Fatal("the gone process's task has no standby place")
+	}
+	for _, token := range []string{"next", "parked"} {
+		if _, err := s.Park(ctx, key, capacity, token, room); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !inRoom(t, rdb, key, "places", "next") || !inRoom(t, rdb, key, "parked", "parked") {
+		t.Fatal("want the first token parked let out (two places), the second parked")
+	}
+	heavy := acquireInLineOf(t, s, key, capacity, semaphore.WithWeight(capacity), semaphore.WithWaitTimeout(30*time.Second))
+	proxy.Cut()
+	defer proxy.Restore() // for the gone Service's Close
+	// How long ago the gone process's presence lapsed (the live process
+	// renews its own).
+	presence := func() (lapsedFor time.Duration) {
+		now, err := rdb.Time(ctx).Result()
+		if err != nil {
+			return 0
+		}
+		oldest, err := rdb.ZRangeWithScores(ctx, storeKey(key, "procs"), 0, 0).Result()
+		if err != nil || len(oldest) != 1 {
+			return 0
+		}
+		return time.Duration(now.UnixMilli()-int64(oldest[0].Score)) * time.Millisecond
+	}
+	// A seat frees once the gone process's presence lapsed, but before its
+	// task would step aside: the release passes it over, the heavy waiter
+	// does not fit, and the seat stays free (the places are full: nobody
+	// is let out).
+	waitfor.Condition(t, 10*time.Second, "the gone process's presence lapses", func() bool {
+		d := presence()
+		return d > 0 && d < time.Second
+	})
+	if err := holder.Permit.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !inRoom(t, rdb, key, "waiting", "gone") || !inRoom(t, rdb, key, "parked", "parked") {
+		t.Fatal("the release stepped the gone process's task aside already: the test needs it in line")
+	}
+	waitfor.Condition(t, 10*time.Second, "the gone process's presence lapsed 3 s ago", func() bool { return presence() > 3*time.Second })
+	next := enter(t, s, key, capacity, "next", room)
+	if next.Permit == nil {
+		t.Fatal("the task let out found no seat, though one is free")
+	}
+	if !inRoom(t, rdb, key, "aside", "gone") {
+		t.Fatal("the gone process's task did not step aside")
+	}
+	if !inRoom(t, rdb, key, "places", "parked") {
+		t.Fatal("the place stepped aside did not go to the parked token")
+	}
+	for _, p := range []*semaphore.Permit{next.Permit, other.Permit} {
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p := <-heavy; p != nil {
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestSeatedStandbyOfALiveProcessKeepsItsPlace: a task given its seat by
 // another process's release keeps its standby place until it starts, even
 // while a seat is free, the places are full and nobody is in line, as long

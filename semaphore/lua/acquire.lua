@@ -269,9 +269,10 @@ elseif mode == 'enter' or mode == 'reserve' then
 end
 -- A producer's task refused a place parks next (park.lua), which lets
 -- tokens out and recalls the spare seats: nothing of that here. A token
--- that holds its place keeps it: no place freed for another to be let out.
+-- that holds its place keeps it: no place freed for another to be let
+-- out, unless grant stepped a gone process's task aside (placeFreed).
 local refused = mode == 'reserve' and outcome ~= 'standby'
-if a.wake == '1' and (roomed or outcome ~= 'seat') and not refused and not inPlace then woken = admit(now, free) end
+if a.wake == '1' and (roomed or outcome ~= 'seat') and not refused and (placeFreed or not inPlace) then woken = admit(now, free) end
 
 local earliest = 0
 -- Spare seats are lent only while nobody waits, and the call that finds
