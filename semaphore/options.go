@@ -74,7 +74,9 @@ func WithHolder(label string) AcquireOption {
 // WithWeight makes the permit take n seats of the key's permits (n >= 1,
 // and at most the permits); UsedPermits counts seats. Waiters are served
 // in arrival order whatever their weight: a heavy one at the head of the
-// line is not overtaken by lighter ones that came after it.
+// line is not overtaken by lighter ones that came after it, unless its
+// process is no longer heard of (it is passed over, as any waiter of such
+// a process is).
 func WithWeight(n int) AcquireOption {
 	return func(c *acquireConfig) {
 		if n < 1 {
