@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -1255,5 +1256,89 @@ func TestStalledProcessRejoinsWithItsArrival(t *testing.T) {
 		}
 	case <-time.After(8 * time.Second):
 		t.Fatal("the stalled task did not get the seat given back within 8s")
+	}
+}
+
+// TestStalledProcessFindsItsPlaceTaken: a stalled process's task standing
+// by stepped aside and its place went to the next parked token, whose task
+// took the seat; when the process is back, no place is free, so its task
+// does not wait in its slot beyond the standby budget: it is parked with
+// its arrival, and its wait ends (its task goes back to its queue).
+func TestStalledProcessFindsItsPlaceTaken(t *testing.T) {
+	srv, s, _, key := wokenService(t)
+	ctx, rdb := context.Background(), srv.Client()
+	room := workerRoom(1)
+	holder := enter(t, s, key, 1, "holder", room)
+	if holder.Permit == nil {
+		t.Fatal("the first task found no free seat")
+	}
+	slow := newService(t, rdb)
+	e := enter(t, slow, key, 1, "slow", room)
+	if !e.Standby {
+		t.Fatal("the slow process's task has no standby place")
+	}
+	arrival, err := rdb.ZScore(ctx, storeKey(key, "waiting"), "slow").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Park(ctx, key, 1, "next", room); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		p, err := e.Wait(ctx, semaphore.WithWaitTimeout(30*time.Second))
+		if p != nil {
+			_ = p.Release(ctx)
+		}
+		waited <- err
+	}()
+	procs := storeKey(key, "procs")
+	presence := func() float64 {
+		z := rdb.ZRangeWithScores(ctx, procs, 0, 0).Val()
+		if len(z) != 1 {
+			return 0
+		}
+		return z[0].Score
+	}
+	// As in TestStalledProcessRejoinsWithItsArrival: right after the slow
+	// process renews its presence, it is made to look 4 s lapsed.
+	waitfor.Condition(t, 10*time.Second, "the slow process's rechecks back off", func() bool {
+		return slow.LineBackoff(key) >= time.Second
+	})
+	first := presence()
+	waitfor.Condition(t, 5*time.Second, "the slow process renews its presence", func() bool { return presence() != first })
+	members := rdb.ZRange(ctx, procs, 0, 0).Val()
+	if len(members) != 1 {
+		t.Fatalf("presences in the room: %v, want the slow process's", members)
+	}
+	now := rdb.Time(ctx).Val().UnixMilli()
+	if err := rdb.ZAdd(ctx, procs, redis.Z{Score: float64(now - 4000), Member: members[0]}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Permit.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !inRoom(t, rdb, key, "aside", "slow") || !inRoom(t, rdb, key, "places", "next") {
+		t.Fatal("want the stalled task aside and its place gone to the parked token")
+	}
+	next := enter(t, s, key, 1, "next", room)
+	if next.Permit == nil {
+		t.Fatal("the task let out found no seat, though one is free")
+	}
+	defer func() { _ = next.Permit.Release(ctx) }()
+	select {
+	case err := <-waited:
+		var aerr *semaphore.AcquisitionError
+		if !errors.As(err, &aerr) || aerr.Reason != semaphore.ReasonTimeout || !strings.Contains(err.Error(), "standby place went to another task") {
+			t.Fatalf("the stalled task's wait ended with %v, want it parked", err)
+		}
+	case <-time.After(8 * time.Second):
+		t.Fatal("the stalled task still waits in its slot, with no place")
+	}
+	if got, err := rdb.ZScore(ctx, storeKey(key, "parked"), "slow").Result(); err != nil || got != arrival {
+		t.Fatalf("the stalled task is parked at %v (%v), want its arrival %v", got, err, arrival)
+	}
+	if inRoom(t, rdb, key, "waiting", "slow") {
+		t.Fatal("the stalled task waits in line beyond the standby budget")
 	}
 }

@@ -504,13 +504,30 @@ func (s *Service) rejoin(key string, tokens []string) {
 			continue
 		}
 		s.log.Warn("semaphore: a waiter was dropped while this process was not heard of; it waits again", "key", key)
-		if p, _, err := s.ask(req, w, "join"); err != nil {
+		// A task standing by comes back as it came: with a standby place
+		// if one is free, else parked (its wait ends, and its task goes
+		// back to its queue), so that the slots holding a task that does
+		// not run never outnumber the places.
+		mode, extra := "join", []any(nil)
+		if room := req.cfg.room; room != nil {
+			mode, extra = "enter", room.args()
+		}
+		p, rep, err := s.ask(req, w, mode, extra...)
+		switch {
+		case err != nil:
 			s.log.Warn("semaphore: rejoin the waiting", "key", key, "err", err)
-		} else if p != nil {
+		case p != nil:
 			s.deliverPermit(w, p)
+		case mode == "enter" && rep.str("outcome") != "standby":
+			s.failWaiter(w, &AcquisitionError{Key: key, Reason: ReasonTimeout, Attempts: s.attemptsOf(w), Err: errPlaceGone})
 		}
 	}
 }
+
+// errPlaceGone ends the wait of a task standing by whose standby place went
+// to another task while its process was not heard of, when no place was
+// free for it as it came back: it is parked, with its arrival.
+var errPlaceGone = errors.New("semaphore: the standby place went to another task while this process was not heard of; parked")
 
 // deliverPermit hands w a seat a call of its own got for it.
 func (s *Service) deliverPermit(w *waiter, p *Permit) {
