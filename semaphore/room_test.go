@@ -1172,22 +1172,8 @@ func TestDirectSeatKeepsItsPlaceUntilItStarts(t *testing.T) {
 // again with its arrival (no longer aside), and gets the next seat,
 // rather than waiting out its wait timeout out of line.
 func TestStalledProcessRejoinsWithItsArrival(t *testing.T) {
-	srv, s, _, key := wokenService(t)
-	ctx, rdb := context.Background(), srv.Client()
-	room := workerRoom(1)
-	holder := enter(t, s, key, 1, "holder", room)
-	if holder.Permit == nil {
-		t.Fatal("the first task found no free seat")
-	}
-	slow := newService(t, rdb)
-	e := enter(t, slow, key, 1, "slow", room)
-	if !e.Standby {
-		t.Fatal("the slow process's task has no standby place")
-	}
-	arrival, err := rdb.ZScore(ctx, storeKey(key, "waiting"), "slow").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx := context.Background()
+	rdb, s, slow, key, room, holder, e, arrival := slowStandby(t)
 	got := make(chan *semaphore.Permit, 1)
 	go func() {
 		p, err := e.Wait(ctx, semaphore.WithWaitTimeout(30*time.Second))
@@ -1196,32 +1182,8 @@ func TestStalledProcessRejoinsWithItsArrival(t *testing.T) {
 		}
 		got <- p
 	}()
-	procs := storeKey(key, "procs")
-	presence := func() float64 {
-		z := rdb.ZRangeWithScores(ctx, procs, 0, 0).Val()
-		if len(z) != 1 {
-			return 0
-		}
-		return z[0].Score
-	}
-	// Right after the slow process renews its presence, once its rechecks
-	// are a second apart (the next is half a second away at least), its
-	// presence is made to look 4 s lapsed, as after a stall, and the
-	// holder gives its seat back.
-	waitfor.Condition(t, 10*time.Second, "the slow process's rechecks back off", func() bool {
-		return slow.LineBackoff(key) >= time.Second
-	})
-	first := presence()
-	waitfor.Condition(t, 5*time.Second, "the slow process renews its presence", func() bool { return presence() != first })
-	members := rdb.ZRange(ctx, procs, 0, 0).Val()
-	if len(members) != 1 {
-		t.Fatalf("presences in the room: %v, want the slow process's", members)
-	}
-	member := members[0]
-	now := rdb.Time(ctx).Val().UnixMilli()
-	if err := rdb.ZAdd(ctx, procs, redis.Z{Score: float64(now - 4000), Member: member}).Err(); err != nil {
-		t.Fatal(err)
-	}
+	// The slow process stalls, and the holder gives its seat back.
+	stall(t, rdb, slow, key)
 	if err := holder.Permit.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -1265,22 +1227,8 @@ func TestStalledProcessRejoinsWithItsArrival(t *testing.T) {
 // does not wait in its slot beyond the standby budget: it is parked with
 // its arrival, and its wait ends (its task goes back to its queue).
 func TestStalledProcessFindsItsPlaceTaken(t *testing.T) {
-	srv, s, _, key := wokenService(t)
-	ctx, rdb := context.Background(), srv.Client()
-	room := workerRoom(1)
-	holder := enter(t, s, key, 1, "holder", room)
-	if holder.Permit == nil {
-		t.Fatal("the first task found no free seat")
-	}
-	slow := newService(t, rdb)
-	e := enter(t, slow, key, 1, "slow", room)
-	if !e.Standby {
-		t.Fatal("the slow process's task has no standby place")
-	}
-	arrival, err := rdb.ZScore(ctx, storeKey(key, "waiting"), "slow").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx := context.Background()
+	rdb, s, slow, key, room, holder, e, arrival := slowStandby(t)
 	if _, err := s.Park(ctx, key, 1, "next", room); err != nil {
 		t.Fatal(err)
 	}
@@ -1292,29 +1240,7 @@ func TestStalledProcessFindsItsPlaceTaken(t *testing.T) {
 		}
 		waited <- err
 	}()
-	procs := storeKey(key, "procs")
-	presence := func() float64 {
-		z := rdb.ZRangeWithScores(ctx, procs, 0, 0).Val()
-		if len(z) != 1 {
-			return 0
-		}
-		return z[0].Score
-	}
-	// As in TestStalledProcessRejoinsWithItsArrival: right after the slow
-	// process renews its presence, it is made to look 4 s lapsed.
-	waitfor.Condition(t, 10*time.Second, "the slow process's rechecks back off", func() bool {
-		return slow.LineBackoff(key) >= time.Second
-	})
-	first := presence()
-	waitfor.Condition(t, 5*time.Second, "the slow process renews its presence", func() bool { return presence() != first })
-	members := rdb.ZRange(ctx, procs, 0, 0).Val()
-	if len(members) != 1 {
-		t.Fatalf("presences in the room: %v, want the slow process's", members)
-	}
-	now := rdb.Time(ctx).Val().UnixMilli()
-	if err := rdb.ZAdd(ctx, procs, redis.Z{Score: float64(now - 4000), Member: members[0]}).Err(); err != nil {
-		t.Fatal(err)
-	}
+	stall(t, rdb, slow, key)
 	if err := holder.Permit.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -1341,4 +1267,56 @@ func TestStalledProcessFindsItsPlaceTaken(t *testing.T) {
 	if inRoom(t, rdb, key, "waiting", "slow") {
 		t.Fatal("the stalled task waits in line beyond the standby budget")
 	}
+}
+
+// stall makes slow, the only process with a presence in key's room, look
+// stalled: right after it renews its presence, once its rechecks are a
+// second apart (the next is half a second away at least), its presence is
+// made to look 4 s lapsed, as after a stall.
+func stall(t *testing.T, rdb *redis.Client, slow *semaphore.Service, key string) {
+	t.Helper()
+	ctx, procs := context.Background(), storeKey(key, "procs")
+	presence := func() float64 {
+		z := rdb.ZRangeWithScores(ctx, procs, 0, 0).Val()
+		if len(z) != 1 {
+			return 0
+		}
+		return z[0].Score
+	}
+	waitfor.Condition(t, 10*time.Second, "the slow process's rechecks back off", func() bool {
+		return slow.LineBackoff(key) >= time.Second
+	})
+	first := presence()
+	waitfor.Condition(t, 5*time.Second, "the slow process renews its presence", func() bool { return presence() != first })
+	members := rdb.ZRange(ctx, procs, 0, 0).Val()
+	if len(members) != 1 {
+		t.Fatalf("presences in the room: %v, want the slow process's", members)
+	}
+	now := rdb.Time(ctx).Val().UnixMilli()
+	if err := rdb.ZAdd(ctx, procs, redis.Z{Score: float64(now - 4000), Member: members[0]}).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// slowStandby starts a room of capacity 1 and one place, whose seat a
+// task of s holds (holder) while a task of another process, slow, stands
+// by in the place (e, arriving at arrival).
+func slowStandby(t *testing.T) (rdb *redis.Client, s, slow *semaphore.Service, key string, room semaphore.Room, holder, e *semaphore.Entry, arrival float64) {
+	t.Helper()
+	srv, s, _, key := wokenService(t)
+	rdb, room = srv.Client(), workerRoom(1)
+	holder = enter(t, s, key, 1, "holder", room)
+	if holder.Permit == nil {
+		t.Fatal("the first task found no free seat")
+	}
+	slow = newService(t, rdb)
+	e = enter(t, slow, key, 1, "slow", room)
+	if !e.Standby {
+		t.Fatal("the slow process's task has no standby place")
+	}
+	arrival, err := rdb.ZScore(context.Background(), storeKey(key, "waiting"), "slow").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rdb, s, slow, key, room, holder, e, arrival
 }
