@@ -966,18 +966,12 @@ func TestStandbyOfAGoneProcessStepsAside(t *testing.T) {
 			proxy.Cut()
 			defer proxy.Restore() // for the gone Service's Close
 			waitfor.Condition(t, 10*time.Second, "the gone process's presence lapses, and 3 s more", func() bool {
-				now, err := rdb.Time(ctx).Result()
-				if err != nil {
-					return false
-				}
 				line := rdb.Exists(ctx, storeKey(key, "waiting"), storeKey(key, "procs")).Val()
 				if lapsed == "line" {
 					return line == 0
 				}
-				// The live process renews its presence; the gone one's is the
-				// oldest.
-				oldest := rdb.ZRangeWithScores(ctx, storeKey(key, "procs"), 0, 0).Val()
-				return line == 2 && len(oldest) == 1 && int64(oldest[0].Score)+3000 <= now.UnixMilli()
+				ago, ok := oldestLapse(rdb, key)
+				return line == 2 && ok && ago >= 3*time.Second
 			})
 			if err := holder.Permit.Release(ctx); err != nil {
 				t.Fatal(err)
@@ -1037,18 +1031,13 @@ func TestSeatTakenPastAGoneStandbyLetsTheNextOut(t *testing.T) {
 	heavy := acquireInLineOf(t, s, key, capacity, semaphore.WithWeight(capacity), semaphore.WithWaitTimeout(30*time.Second))
 	proxy.Cut()
 	defer proxy.Restore() // for the gone Service's Close
-	// How long ago the gone process's presence lapsed (the live process
-	// renews its own).
-	presence := func() (lapsedFor time.Duration) {
-		now, err := rdb.Time(ctx).Result()
-		if err != nil {
+	// How long ago the gone process's presence lapsed (0 until it did).
+	presence := func() time.Duration {
+		ago, ok := oldestLapse(rdb, key)
+		if !ok {
 			return 0
 		}
-		oldest, err := rdb.ZRangeWithScores(ctx, storeKey(key, "procs"), 0, 0).Result()
-		if err != nil || len(oldest) != 1 {
-			return 0
-		}
-		return time.Duration(now.UnixMilli()-int64(oldest[0].Score)) * time.Millisecond
+		return ago
 	}
 	// A seat frees once the gone process's presence lapsed, but before its
 	// task would step aside: the release passes it over, the heavy waiter
@@ -1319,4 +1308,21 @@ func slowStandby(t *testing.T) (rdb *redis.Client, s, slow *semaphore.Service, k
 		t.Fatal(err)
 	}
 	return rdb, s, slow, key, room, holder, e, arrival
+}
+
+// oldestLapse is how long ago, by the server's clock, the oldest presence
+// in key's room lapsed (negative: it lapses later); false when the room
+// holds none. While live processes renew theirs, a gone process's presence
+// is the oldest.
+func oldestLapse(rdb *redis.Client, key string) (time.Duration, bool) {
+	ctx := context.Background()
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		return 0, false
+	}
+	oldest, err := rdb.ZRangeWithScores(ctx, storeKey(key, "procs"), 0, 0).Result()
+	if err != nil || len(oldest) == 0 {
+		return 0, false
+	}
+	return time.Duration(now.UnixMilli()-int64(oldest[0].Score)) * time.Millisecond, true
 }
