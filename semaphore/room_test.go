@@ -1162,36 +1162,36 @@ func TestDirectSeatKeepsItsPlaceUntilItStarts(t *testing.T) {
 // rather than waiting out its wait timeout out of line.
 func TestStalledProcessRejoinsWithItsArrival(t *testing.T) {
 	ctx := context.Background()
-	rdb, s, slow, key, room, holder, e, arrival := slowStandby(t)
+	r := slowStandby(t)
 	got := make(chan *semaphore.Permit, 1)
 	go func() {
-		p, err := e.Wait(ctx, semaphore.WithWaitTimeout(30*time.Second))
+		p, err := r.standby.Wait(ctx, semaphore.WithWaitTimeout(30*time.Second))
 		if err != nil {
 			t.Error(err)
 		}
 		got <- p
 	}()
 	// The slow process stalls, and the holder gives its seat back.
-	stall(t, rdb, slow, key)
-	if err := holder.Permit.Release(ctx); err != nil {
+	stall(t, r.rdb, r.slow, r.key)
+	if err := r.holder.Permit.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if !inRoom(t, rdb, key, "aside", "slow") {
+	if !inRoom(t, r.rdb, r.key, "aside", "slow") {
 		t.Fatal("the stalled task did not step aside (its process renewed its presence meanwhile?)")
 	}
 	// Another task takes the free seat: the stalled one, back, waits in
 	// line again, with its arrival, and no longer counts as aside.
-	other := enter(t, s, key, 1, "other", room)
+	other := enter(t, r.s, r.key, 1, "other", r.room)
 	if other.Permit == nil {
 		t.Fatal("the free seat went to nobody")
 	}
 	waitfor.Condition(t, 8*time.Second, "the stalled task joins the line again", func() bool {
-		return inRoom(t, rdb, key, "waiting", "slow")
+		return inRoom(t, r.rdb, r.key, "waiting", "slow")
 	})
-	if got, err := rdb.ZScore(ctx, storeKey(key, "waiting"), "slow").Result(); err != nil || got != arrival {
-		t.Fatalf("the stalled task waits at %v (%v), want its arrival %v", got, err, arrival)
+	if got, err := r.rdb.ZScore(ctx, storeKey(r.key, "waiting"), "slow").Result(); err != nil || got != r.arrival {
+		t.Fatalf("the stalled task waits at %v (%v), want its arrival %v", got, err, r.arrival)
 	}
-	if st := roomStats(t, s, key); st.Aside != 0 {
+	if st := roomStats(t, r.s, r.key); st.Aside != 0 {
 		t.Fatalf("room stats %+v: the stalled task, back in line, still counts as aside", st)
 	}
 	if err := other.Permit.Release(ctx); err != nil {
@@ -1217,26 +1217,26 @@ func TestStalledProcessRejoinsWithItsArrival(t *testing.T) {
 // its arrival, and its wait ends (its task goes back to its queue).
 func TestStalledProcessFindsItsPlaceTaken(t *testing.T) {
 	ctx := context.Background()
-	rdb, s, slow, key, room, holder, e, arrival := slowStandby(t)
-	if _, err := s.Park(ctx, key, 1, "next", room); err != nil {
+	r := slowStandby(t)
+	if _, err := r.s.Park(ctx, r.key, 1, "next", r.room); err != nil {
 		t.Fatal(err)
 	}
 	waited := make(chan error, 1)
 	go func() {
-		p, err := e.Wait(ctx, semaphore.WithWaitTimeout(30*time.Second))
+		p, err := r.standby.Wait(ctx, semaphore.WithWaitTimeout(30*time.Second))
 		if p != nil {
 			_ = p.Release(ctx)
 		}
 		waited <- err
 	}()
-	stall(t, rdb, slow, key)
-	if err := holder.Permit.Release(ctx); err != nil {
+	stall(t, r.rdb, r.slow, r.key)
+	if err := r.holder.Permit.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if !inRoom(t, rdb, key, "aside", "slow") || !inRoom(t, rdb, key, "places", "next") {
+	if !inRoom(t, r.rdb, r.key, "aside", "slow") || !inRoom(t, r.rdb, r.key, "places", "next") {
 		t.Fatal("want the stalled task aside and its place gone to the parked token")
 	}
-	next := enter(t, s, key, 1, "next", room)
+	next := enter(t, r.s, r.key, 1, "next", r.room)
 	if next.Permit == nil {
 		t.Fatal("the task let out found no seat, though one is free")
 	}
@@ -1250,10 +1250,10 @@ func TestStalledProcessFindsItsPlaceTaken(t *testing.T) {
 	case <-time.After(8 * time.Second):
 		t.Fatal("the stalled task still waits in its slot, with no place")
 	}
-	if got, err := rdb.ZScore(ctx, storeKey(key, "parked"), "slow").Result(); err != nil || got != arrival {
-		t.Fatalf("the stalled task is parked at %v (%v), want its arrival %v", got, err, arrival)
+	if got, err := r.rdb.ZScore(ctx, storeKey(r.key, "parked"), "slow").Result(); err != nil || got != r.arrival {
+		t.Fatalf("the stalled task is parked at %v (%v), want its arrival %v", got, err, r.arrival)
 	}
-	if inRoom(t, rdb, key, "waiting", "slow") {
+	if inRoom(t, r.rdb, r.key, "waiting", "slow") {
 		t.Fatal("the stalled task waits in line beyond the standby budget")
 	}
 }
@@ -1287,27 +1287,36 @@ func stall(t *testing.T, rdb *redis.Client, slow *semaphore.Service, key string)
 	}
 }
 
-// slowStandby starts a room of capacity 1 and one place, whose seat a
-// task of s holds (holder) while a task of another process, slow, stands
-// by in the place (e, arriving at arrival).
-func slowStandby(t *testing.T) (rdb *redis.Client, s, slow *semaphore.Service, key string, room semaphore.Room, holder, e *semaphore.Entry, arrival float64) {
+// slowRoom is a room of capacity 1 and one place, whose seat a task of s
+// holds (holder) while a task of another process, slow, stands by in the
+// place (standby, arriving at arrival).
+type slowRoom struct {
+	rdb             *redis.Client
+	s, slow         *semaphore.Service
+	key             string
+	room            semaphore.Room
+	holder, standby *semaphore.Entry
+	arrival         float64
+}
+
+// slowStandby starts a slowRoom.
+func slowStandby(t *testing.T) slowRoom {
 	t.Helper()
 	srv, s, _, key := wokenService(t)
-	rdb, room = srv.Client(), workerRoom(1)
-	holder = enter(t, s, key, 1, "holder", room)
-	if holder.Permit == nil {
+	r := slowRoom{rdb: srv.Client(), s: s, key: key, room: workerRoom(1), slow: newService(t, srv.Client())}
+	r.holder = enter(t, s, key, 1, "holder", r.room)
+	if r.holder.Permit == nil {
 		t.Fatal("the first task found no free seat")
 	}
-	slow = newService(t, rdb)
-	e = enter(t, slow, key, 1, "slow", room)
-	if !e.Standby {
+	r.standby = enter(t, r.slow, key, 1, "slow", r.room)
+	if !r.standby.Standby {
 		t.Fatal("the slow process's task has no standby place")
 	}
-	arrival, err := rdb.ZScore(context.Background(), storeKey(key, "waiting"), "slow").Result()
-	if err != nil {
+	var err error
+	if r.arrival, err = r.rdb.ZScore(context.Background(), storeKey(key, "waiting"), "slow").Result(); err != nil {
 		t.Fatal(err)
 	}
-	return rdb, s, slow, key, room, holder, e, arrival
+	return r
 }
 
 // oldestLapse is how long ago, by the server's clock, the oldest presence
