@@ -179,7 +179,7 @@ func (f *operatorFleet) roomEmpty() {
 	rdb := f.srv.Client()
 	waitfor.Condition(f.t, 5*time.Second, "the waiting room of scarce is empty", func() bool {
 		n, err := rdb.Exists(context.Background(), "fleetcap:sem:{scarce}:parked", "fleetcap:sem:{scarce}:places",
-			"fleetcap:sem:{scarce}:since", "fleetcap:sem:{scarce}:waiting", "fleetcap:sem:{scarce}:slots").Result()
+			"fleetcap:sem:{scarce}:waiting", "fleetcap:sem:{scarce}:slots").Result()
 		return err == nil && n == 0
 	})
 }

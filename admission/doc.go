@@ -31,7 +31,7 @@
 //     memory and moves with one call of handover.lua
 //     (semaphore/handover.go).
 //   - A cap that is full, tasks through the producer (S5, S10): about
-//     47 commands a task in all at 1 process, 47 to 48 at 5 and 20,
+//     45 commands a task in all at 1 process, 45 to 46 at 5 and 20,
 //     asynq's included (about 11 of them: the enqueue, 4, and done, 7; no
 //     dequeue of its queue, see the wake-up below). Per task, inside
 //     each script call: the producer's park (3: the time, its arrival,
@@ -58,15 +58,16 @@
 //     it lately, the soonest lease expiry is asked for only when the
 //     process's recheck waits for none, and the room's settings only
 //     when the process did not tell it the same lately); and the
-//     release that hands its seat on (16: the seat, the next waiter,
+//     release that hands its seat on (14: the seat, the next waiter,
 //     its fence, and the lapsed leases first unless, as for the enter,
 //     none lapsed and its own lease has over half its TTL to run; it
 //     does not ask whether anybody waits when a task of its process
 //     stood by lately; and, as a task of one cap and no rate limit
 //     starts as its seat comes, semaphore.WithStartOnSeat, the waiter's
-//     place and the next parked token let out for it, whom the waiter's
+//     place, which keeps its arrival in its one member, and the next
+//     parked token let out for it, whom the waiter's
 //     Entry brings to a slot as it starts). A seat sent to another
-//     process leaves the place to that process's settle (8: the place,
+//     process leaves the place to that process's settle (6: the place,
 //     and the next parked token let out for it, by the room's settings
 //     its Entry brings; it frees no seat, so it counts none): in S5 at
 //     20 processes one release in four.

@@ -91,7 +91,8 @@ type Entry struct {
 	s          *Service
 	w          *waiter
 	key, token string
-	holdsPlace bool // the token holds a standby place until Settle or StepAside
+	holdsPlace bool   // the token holds a standby place until Settle or StepAside
+	place      string // the arrival its place was made with (see placeMember in room.lua)
 	// settled: the release that gave it its seat gave its place on too,
 	// and let out the tokens of later, which Settle hands to OnWake
 	settled bool
@@ -114,6 +115,9 @@ func (e *Entry) Settle(ctx context.Context) error {
 		return nil
 	}
 	extra := e.room.args()
+	if e.place != "" {
+		extra = append(extra, "place", e.place) // its place is not looked for
+	}
 	if e.fair {
 		extra = append(extra, "fair", "1") // its note of a real arrival goes too
 	}
@@ -210,6 +214,7 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 			s.openSpare(req, spare, int(n), p)
 		}
 		e.Standby = rep.str("outcome") == "standby"
+		e.place = rep.str("arrival")
 		if e.Standby || rep.str("outcome") == "parked" {
 			s.roomy.Mark(key)
 		}

@@ -34,11 +34,46 @@ func workerRoom(standby int) semaphore.Room {
 // aside, ...) of key's room.
 func inRoom(t *testing.T, rdb *redis.Client, key, part, token string) bool {
 	t.Helper()
+	if part == "places" {
+		_, _, ok := placeIn(t, rdb, key, token)
+		return ok
+	}
 	err := rdb.ZScore(context.Background(), storeKey(key, part), token).Err()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		t.Fatal(err)
 	}
 	return err == nil
+}
+
+// placeIn is token's standby place in key's room, if it holds one: when
+// it lapses (server ms) and the arrival it keeps (a member of places is
+// the token, a tab, and the arrival).
+func placeIn(t *testing.T, rdb *redis.Client, key, token string) (lapse float64, arrival string, ok bool) {
+	t.Helper()
+	members, err := rdb.ZRangeWithScores(context.Background(), storeKey(key, "places"), 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range members {
+		tok, at, found := strings.Cut(m.Member.(string), "\t")
+		if found && tok == token {
+			return m.Score, at, true
+		}
+	}
+	return 0, "", false
+}
+
+// placed are the tokens that hold a standby place in key's room.
+func placed(t *testing.T, rdb *redis.Client, key string) []string {
+	t.Helper()
+	members, err := rdb.ZRange(context.Background(), storeKey(key, "places"), 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range members {
+		members[i], _, _ = strings.Cut(m, "\t")
+	}
+	return members
 }
 
 // wakeLog collects the tokens a Service's OnWake is handed.
@@ -600,7 +635,7 @@ func TestStartOnSeatGivesThePlaceOnWithTheSeat(t *testing.T) {
 			})
 			p := seatFrom(t, s, key, standing, first.Permit)
 			defer func() { _ = p.Release(ctx) }()
-			places := rdb.ZRange(ctx, storeKey(key, "places"), 0, -1).Val()
+			places := placed(t, rdb, key)
 			want := []string{"t1"}
 			if starts {
 				want = []string{"t2"}
@@ -627,10 +662,44 @@ func TestStartOnSeatGivesThePlaceOnWithTheSeat(t *testing.T) {
 			if got := woken.next(t); got != "t2" {
 				t.Fatalf("let out %q after t1 settled, want t2", got)
 			}
-			if places := rdb.ZRange(ctx, storeKey(key, "places"), 0, -1).Val(); !slices.Equal(places, []string{"t2"}) {
+			if places := placed(t, rdb, key); !slices.Equal(places, []string{"t2"}) {
 				t.Fatalf("places %q after t1 settled, want t2", places)
 			}
 		})
+	}
+}
+
+// TestPlaceMadeAgainGoesWithItsSeat: a place keeps its token's arrival in
+// its member, as the call that made it wrote the arrival; a caller that
+// names the arrival it knows saves looking for the place. When the place
+// was made again since with the arrival written another way (it lapsed,
+// and the token was let out again), the release that seats the token
+// still finds the place and gives it up.
+func TestPlaceMadeAgainGoesWithItsSeat(t *testing.T) {
+	srv, s, _, key := wokenService(t)
+	ctx, room, rdb := context.Background(), roomOf(1), srv.Client()
+	first := enter(t, s, key, 1, "t0", room)
+	standing := enter(t, s, key, 1, "t1", room, semaphore.WithStartOnSeat())
+	if first.Permit == nil || !standing.Standby {
+		t.Fatalf("t0 %v, t1 standby %v: want a seat and a standby place", first.Permit, standing.Standby)
+	}
+	lapse, arrival, ok := placeIn(t, rdb, key, "t1")
+	if !ok {
+		t.Fatal("t1 stands by without a place")
+	}
+	// The same arrival, written another way.
+	places := storeKey(key, "places")
+	if _, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZRem(ctx, places, "t1\t"+arrival)
+		p.ZAdd(ctx, places, redis.Z{Score: lapse, Member: "t1\t0" + arrival})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	p := seatFrom(t, s, key, standing, first.Permit)
+	defer func() { _ = p.Release(ctx) }()
+	if got := placed(t, rdb, key); len(got) != 0 {
+		t.Fatalf("places %q once t1 started on its seat, want none", got)
 	}
 }
 
@@ -686,7 +755,7 @@ func TestLastStartOnSeatLeavesNoRoom(t *testing.T) {
 	}
 	p := seatFrom(t, s, key, last, first.Permit)
 	defer func() { _ = p.Release(ctx) }()
-	if n := srv.Client().Exists(ctx, storeKey(key, "room"), storeKey(key, "places"), storeKey(key, "since")).Val(); n != 0 {
+	if n := srv.Client().Exists(ctx, storeKey(key, "room"), storeKey(key, "places")).Val(); n != 0 {
 		t.Fatalf("%d of the room's keys left once its last task had its seat and its place went on", n)
 	}
 	if err := last.Settle(ctx); err != nil {
@@ -717,10 +786,8 @@ func TestParkLetsOutWhenTheRoomIsGone(t *testing.T) {
 	if got := woken.next(t); got != "t1" {
 		t.Fatalf("let out %q, want t1", got)
 	}
-	for _, part := range []string{"places", "since"} {
-		if ttl := rdb.PTTL(ctx, storeKey(key, part)).Val(); ttl <= 0 {
-			t.Errorf("the %s key has TTL %v once t1 was let out again", part, ttl)
-		}
+	if ttl := rdb.PTTL(ctx, storeKey(key, "places")).Val(); ttl <= 0 {
+		t.Errorf("the places key has TTL %v once t1 was let out again", ttl)
 	}
 }
 
@@ -759,9 +826,9 @@ func TestEnterOfATokenLetOutHere(t *testing.T) {
 	if _, err := s.Admit(ctx, standing, 1, room); err != nil {
 		t.Fatal(err)
 	}
-	lapses, err := srv.Client().ZScore(ctx, storeKey(standing, "places"), "p").Result()
-	if err != nil {
-		t.Fatalf("p holds no place: %v", err)
+	lapses, _, ok := placeIn(t, srv.Client(), standing, "p")
+	if !ok {
+		t.Fatal("p holds no place")
 	}
 	now, err := srv.Client().Time(ctx).Result()
 	if err != nil {
@@ -786,8 +853,8 @@ func TestEnterOfATokenLetOutHere(t *testing.T) {
 	if err := srv.Client().ZScore(ctx, parked, "q").Err(); err != redis.Nil {
 		t.Fatalf("q stands by and is still parked (ZSCORE: %v)", err)
 	}
-	if err := srv.Client().ZScore(ctx, storeKey(lapsing, "places"), "q").Err(); err != nil {
-		t.Fatalf("q stands by without a place: %v", err)
+	if !inRoom(t, srv.Client(), lapsing, "places", "q") {
+		t.Fatal("q stands by without a place")
 	}
 }
 
@@ -890,7 +957,7 @@ func TestStepAsideInTransit(t *testing.T) {
 	}
 	woken.none(t)
 	// a is in transit: its place goes to b, and it keeps its arrival.
-	arrival := srv.Client().HGet(ctx, storeKey(key, "since"), "a").Val()
+	_, arrival, _ := placeIn(t, srv.Client(), key, "a")
 	if err := s.StepAsideInTransit(ctx, key, "a"); err != nil {
 		t.Fatal(err)
 	}
@@ -907,8 +974,8 @@ func TestStepAsideInTransit(t *testing.T) {
 	if err := s.StepAsideInTransit(ctx, key, "b"); err != nil {
 		t.Fatal(err)
 	}
-	if err := srv.Client().ZScore(ctx, storeKey(key, "places"), "b").Err(); err != nil {
-		t.Fatalf("b, standing by, lost its place: %v", err)
+	if !inRoom(t, srv.Client(), key, "places", "b") {
+		t.Fatal("b, standing by, lost its place")
 	}
 	if err := srv.Client().ZScore(ctx, storeKey(key, "waiting"), "b").Err(); err != nil {
 		t.Fatalf("b, standing by, left the line: %v", err)

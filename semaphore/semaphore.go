@@ -212,19 +212,19 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 // (see rediskey.HashTag). A holder's label travels inside its member of
 // holders (see member). The others are the waiting room (lua/room.lua).
 type keys struct {
-	holders, waiting, slots, procs, parked, places, since, room, aside, fence, shares, reals, spares string
+	holders, waiting, slots, procs, parked, places, room, aside, fence, shares, reals, spares string
 }
 
 func (s *Service) keysFor(key string) keys {
 	base := s.prefix + "{" + rediskey.HashTag(key) + "}:"
 	return keys{holders: base + "holders", waiting: base + "waiting", slots: base + "slots", procs: base + "procs",
-		parked: base + "parked", places: base + "places", since: base + "since", room: base + "room", aside: base + "aside", fence: base + "fence",
+		parked: base + "parked", places: base + "places", room: base + "room", aside: base + "aside", fence: base + "fence",
 		shares: base + "shares", reals: base + "reals", spares: base + "spares"}
 }
 
 // all is the KEYS of a roomScript, in room.lua's order.
 func (k keys) all() []string {
-	return []string{k.holders, k.waiting, k.slots, k.procs, k.parked, k.places, k.since, k.room, k.aside, k.fence, k.shares, k.reals, k.spares}
+	return []string{k.holders, k.waiting, k.slots, k.procs, k.parked, k.places, k.room, k.aside, k.fence, k.shares, k.reals, k.spares}
 }
 
 // quick is the KEYS of quick.lua.

@@ -5,7 +5,7 @@
 // time, so that no process fails with WRONGTYPE on another build's key or
 // misreads its data (SPEC §2.12).
 //
-// This build speaks layout 5 (Version). The layouts, and what each
+// This build speaks layout 6 (Version). The layouts, and what each
 // changed:
 //   - 1, the builds from before 46ae4d4, which recorded no version: the
 //     waiting room of a key, <semaphore.prefix>{<key>}:parked, was a LIST.
@@ -48,6 +48,14 @@
 //     the key full sends "spare:<key>" on each such channel, and the
 //     process gives them back. A layout-4 process would neither send nor
 //     heed it. Layout 4's keys keep their names and contents.
+//   - 6: a standby place keeps its token's arrival in its member of
+//     {<key>}:places (the token, a tab, the arrival), where layout 5 kept
+//     it in the HASH {<key>}:since, which is gone; a waiting token's
+//     entry in {<key>}:slots names that arrival before its label. A
+//     layout-5 process would not find the places. Layout 5's since keys
+//     lapse with their TTL; a place of layout 5 left behind lapses, and
+//     its token goes back among the parked as of then, not with its
+//     arrival.
 //
 // The record is one Redis hash, fleetcap:layout (Key), without a TTL. Its
 // field "version" is the layout the fleet's data is in; a field
@@ -104,7 +112,7 @@ import (
 )
 
 // Version is the Redis layout this build speaks.
-const Version = 5
+const Version = 6
 
 // Key is the Redis hash that records the layout and its live processes.
 const Key = "fleetcap:layout"

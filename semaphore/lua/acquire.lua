@@ -76,8 +76,9 @@ if mode ~= 'reserve' and mode ~= 'join' then a.new = nil end
 local seats = tonumber(a.seats or '1')
 
 -- slot is a waiting token's slots entry (see room.lua).
-local function slot(x)
-  return x.channel .. '\t' .. x.id .. '\t' .. x.ttl .. '\t' .. x.capacity .. '\t' .. seats .. '\t' .. (x.label or '')
+-- place: the arrival its standby place is kept with ('' for none).
+local function slot(x, place)
+  return x.channel .. '\t' .. x.id .. '\t' .. x.ttl .. '\t' .. x.capacity .. '\t' .. seats .. '\t' .. place .. '\t' .. (x.label or '')
 end
 local now, t = clock()
 local nowus = micros(t)
@@ -89,17 +90,19 @@ local nowus = micros(t)
 -- command for two.
 local placedAt, renewed = false, false
 if mode == 'enter' and token ~= '' then
-  if a.placed and redis.call('ZADD', KEYS[6], 'XX', 'CH', now + tonumber(a.hold), token) == 1 then
+  if a.placed and redis.call('ZADD', KEYS[6], 'XX', 'CH', now + tonumber(a.hold), placeMember(token, a.placed)) == 1 then
     placedAt, renewed = a.placed, true
   else
-    placedAt = redis.call('HGET', KEYS[7], token)
+    local _
+    _, placedAt = placeOf(token)
+    placedAt = placedAt or false
   end
 end
 local waitedFor = true
 if not placedAt then waitedFor = occupied() end
 local roomed = waitedFor
 if mode == 'enter' or mode == 'reserve' then
-  roomed = roomed or redis.call('EXISTS', KEYS[9]) == 1
+  roomed = roomed or redis.call('EXISTS', KEYS[8]) == 1
 end
 -- inPlace: the token holds a standby place (it was let out, and its task
 -- is here).
@@ -155,8 +158,8 @@ if mode == 'recheck' then
         -- Its seat's fence went in the message it missed: a new one.
         own[#own + 1] = tok
         own[#own + 1] = m
-        own[#own + 1] = nextFence(KEYS[10], t, math.max(tonumber(expiry) - now, 1))
-      elseif fresh or redis.call('ZSCORE', KEYS[9], tok) then
+        own[#own + 1] = nextFence(KEYS[9], t, math.max(tonumber(expiry) - now, 1))
+      elseif fresh or redis.call('ZSCORE', KEYS[8], tok) then
         -- Dropped with the presence, or stepped aside while the process
         -- was not heard of (see grant): it joins again, with its arrival.
         lost[#lost + 1] = tok
@@ -183,7 +186,7 @@ elseif free >= seats and not blocked and mode ~= 'reserve' then
     if inPlace then
       kept = 1
     else
-      forget(token)
+      forget(token, '') -- (its place was looked for: it holds none)
     end
   end
   local spare = tonumber(a.spare or '0')
@@ -191,8 +194,8 @@ elseif free >= seats and not blocked and mode ~= 'reserve' then
     local give = math.min(spare, math.floor(capacity / 2) - (capacity - free))
     if give > 0 then
       holdSeats(a.sparemember, give, now, tonumber(a.ttl))
-      redis.call('HSET', KEYS[13], a.sparemember, a.channel)
-      redis.call('PEXPIRE', KEYS[13], tonumber(a.ttl) * 2)
+      redis.call('HSET', KEYS[12], a.sparemember, a.channel)
+      redis.call('PEXPIRE', KEYS[12], tonumber(a.ttl) * 2)
       free = free - give
       spared = give
     end
@@ -202,9 +205,9 @@ elseif mode == 'join' then
   -- A token that joins again (rejoin: not new) may have stepped aside
   -- while its process was not heard of (see grant): back in line, it is
   -- aside no more.
-  if not fresh then redis.call('ZREM', KEYS[9], token) end
+  if not fresh then redis.call('ZREM', KEYS[8], token) end
   keep()
-  redis.call('HSET', KEYS[3], token, slot(a))
+  redis.call('HSET', KEYS[3], token, slot(a, ''))
   redis.call('ZADD', KEYS[4], now + tonumber(a.procttl), a.channel)
   for i = 2, 4 do redis.call('PEXPIRE', KEYS[i], tonumber(a.procttl) * 2) end
   outcome = 'waiting'
@@ -233,10 +236,9 @@ elseif mode == 'enter' or mode == 'reserve' then
     if not inPlace and not fresh then
       -- Parked, or aside: it leaves for its place.
       redis.call('ZREM', KEYS[5], token)
-      redis.call('ZREM', KEYS[9], token)
+      redis.call('ZREM', KEYS[8], token)
     end
-    if not renewed then redis.call('ZADD', KEYS[6], now + lease, token) end
-    if not inPlace then redis.call('HSET', KEYS[7], token, arrival) end
+    if not renewed then redis.call('ZADD', KEYS[6], now + lease, placeMember(token, arrival)) end
     keep()
     -- The places' keys live on as noteRoom renews them; new ones get
     -- their TTL here.
@@ -244,7 +246,7 @@ elseif mode == 'enter' or mode == 'reserve' then
     if mode == 'enter' then
       -- It waits in its slot for the next seat.
       redis.call('ZADD', KEYS[2], arrival, token)
-      redis.call('HSET', KEYS[3], token, slot(a))
+      redis.call('HSET', KEYS[3], token, slot(a, arrival))
       -- Their keys live as long as the processes of their waiters renew
       -- them (each recheck, at most half a procttl apart, gives them two
       -- procttl): renewed here only when that is less than a procttl away
@@ -262,7 +264,9 @@ elseif mode == 'enter' or mode == 'reserve' then
     end
   elseif mode == 'enter' then
     outcome = 'parked'
-    park(token, arrival)
+    -- (A token in its place parks with the arrival its place was made
+    -- with; any other holds none: its place was looked for.)
+    park(token, arrival, false, inPlace and arrival or '')
     keep()
     redis.call('PEXPIRE', KEYS[5], a.keyttl)
   end

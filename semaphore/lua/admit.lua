@@ -22,8 +22,8 @@ if not occupied() then return {'granted', {}, 'woken', {}, 'audit', {}} end
 noteRoom(a, now)
 local audit = {}
 local every = tonumber(a.audit)
-if every > 0 and tonumber(redis.call('HGET', KEYS[8], 'auditat') or '0') <= now then
-  redis.call('HSET', KEYS[8], 'auditat', now + every)
+if every > 0 and tonumber(redis.call('HGET', KEYS[7], 'auditat') or '0') <= now then
+  redis.call('HSET', KEYS[7], 'auditat', now + every)
   audit = redis.call('ZRANGE', KEYS[5], 0, tonumber(a.auditmax) - 1)
 end
 local own, woken = settle(now, t, tonumber(a.capacity), a)

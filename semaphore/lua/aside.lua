@@ -12,7 +12,7 @@
 
 local a = args()
 local now, t = clock()
-if a.transit == '1' and (redis.call('ZSCORE', KEYS[2], a.token) or not redis.call('ZSCORE', KEYS[6], a.token)) then
+if a.transit == '1' and (redis.call('ZSCORE', KEYS[2], a.token) or not placeOf(a.token)) then
   return {'now', now, 'granted', {}, 'woken', {}, 'arrivals', {}}
 end
 local capacity = roomCapacity(-1)

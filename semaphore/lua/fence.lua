@@ -11,4 +11,4 @@ local a = args()
 local now, t = clock()
 local expiry = redis.call('ZSCORE', KEYS[1], a.member)
 if not expiry or tonumber(expiry) <= now then return {'fence', '0'} end
-return {'fence', nextFence(KEYS[10], t, tonumber(expiry) - now)}
+return {'fence', nextFence(KEYS[9], t, tonumber(expiry) - now)}

@@ -35,7 +35,7 @@ if a.since then
   redis.call('ZADD', KEYS[2], 'XX', a.since, a.token)
 elseif redis.call('ZREM', KEYS[2], a.token) == 1 then
   redis.call('HDEL', KEYS[3], a.token)
-  redis.call('HDEL', KEYS[12], a.token)
+  redis.call('HDEL', KEYS[11], a.token)
 else
   meanwhile = redis.call('ZSCORE', KEYS[1], a.wmember)
 end
@@ -43,7 +43,7 @@ local moved, fence, own, woken = 0, '0', {}, {}
 if meanwhile then
   -- It runs on that seat, and the holder's goes on.
   moved = 1
-  fence = nextFence(KEYS[10], t, math.max(tonumber(meanwhile) - now, 1))
+  fence = nextFence(KEYS[9], t, math.max(tonumber(meanwhile) - now, 1))
 elseif held then
   moved = 1
   fence = hold(a.wmember, seats, now, t, tonumber(a.wttl))

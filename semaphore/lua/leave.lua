@@ -25,7 +25,8 @@ local returned = 0
 if not waited then returned = unhold(a.member, tonumber(a.seats or '1')) end
 local known = false -- somebody is known to wait still
 if a.how == 'park' then
-  park(token, (arrivalOf(token, micros(t))))
+  local arrival, _, placed = arrivalOf(token, micros(t))
+  park(token, arrival, false, placed and arrival or '')
   redis.call('PEXPIRE', KEYS[5], a.keyttl or defaultKeyTTL)
   known = true
 elseif waited then
@@ -34,10 +35,10 @@ elseif waited then
   -- room keeps no key.
   redis.call('ZREM', KEYS[2], token)
   redis.call('HDEL', KEYS[3], token)
-  redis.call('HDEL', KEYS[12], token)
+  redis.call('HDEL', KEYS[11], token)
   known = occupied()
   if not known then dropRoom() end
-elseif redis.call('EXISTS', KEYS[5], KEYS[6], KEYS[9]) > 0 then
+elseif redis.call('EXISTS', KEYS[5], KEYS[6], KEYS[8]) > 0 then
   -- Its seat came as it left (given back above).
   forget(token)
 end

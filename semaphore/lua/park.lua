@@ -12,8 +12,8 @@
 local a = args()
 local now, t = clock()
 local nowus = micros(t)
-local arrival, fresh = arrivalOf(a.token, nowus, a)
-local freed = park(a.token, arrival, a.new == '1')
+local arrival, fresh, placed = arrivalOf(a.token, nowus, a)
+local freed = park(a.token, arrival, a.new == '1', placed and arrival or '')
 if fresh then noteShare(a, a.token, arrival, nowus) end
 -- A token with others parked ahead of it, that gave up no place, lets
 -- nobody out: they were left parked because no place was free, and each

@@ -37,7 +37,7 @@ if keep > 0 then
   if #rem > 2 then redis.call(unpack(rem)) end
 else
   held = unhold(a.member, seats)
-  if a.spare == '1' then redis.call('HDEL', KEYS[13], a.member) end
+  if a.spare == '1' then redis.call('HDEL', KEYS[12], a.member) end
 end
 -- A caller that found tokens in the key's room lately (busy '1': one of its
 -- tasks stood by or parked) does not ask whether anybody waits.
@@ -53,7 +53,7 @@ local own, woken, seated = settle(now, t, tonumber(a.capacity), a, a.busy == '1'
 local settled, later = {}, {}
 if a.settleown == '1' then
   for i = 1, #own, 3 do
-    if unplace(own[i]) then
+    if unplace(own[i], grantedPlace[own[i]]) then
       forgetNotes(own[i], true, a.fair ~= '1')
       settled[#settled + 1] = own[i]
     end
@@ -63,7 +63,7 @@ end
 if not seated and redis.call('EXISTS', KEYS[1]) == 0 then
   -- The last seat is back: the key idles, and its keys go with it (the
   -- next fence takes the server's clock for its floor, see nextFence).
-  redis.call('DEL', KEYS[10])
+  redis.call('DEL', KEYS[9])
 end
 local reply = {'held', held, 'now', now, 'granted', own, 'settled', settled, 'later', later, 'woken', woken, 'arrivals', arrivals}
 if a.head == '1' then

@@ -27,29 +27,31 @@
 --                  "\1" and 2..n (see extraSeat)
 -- KEYS[2] waiting  ZSET token -> arrival (server µs): tokens in a process
 -- KEYS[3] slots    HASH token -> "channel\tpermit id\tttl ms\tcapacity\t
---                  seats\tlabel": where to send a waiting token's seat,
---                  the seat it gets, the capacity it asked for and its
---                  weight
+--                  seats\tplace\tlabel": where to send a waiting token's
+--                  seat, the seat it gets, the capacity it asked for, its
+--                  weight, and the arrival its standby place is kept with
+--                  ('' when it holds none)
 -- KEYS[4] procs    ZSET channel -> when the process's presence lapses
 --                  (server ms): a seat is never sent to a gone process
 -- KEYS[5] parked   ZSET token -> arrival (server µs)
--- KEYS[6] places   ZSET token -> when its standby place lapses (server ms)
--- KEYS[7] since    HASH token -> arrival (server µs), of tokens in places
--- KEYS[8] room     HASH capacity, budget (standby places), transit (ms a
+-- KEYS[6] places   ZSET token, a tab and its arrival (server µs; see
+--                  placeMember) -> when its standby place lapses (server
+--                  ms): a place keeps its token's arrival in one member
+-- KEYS[7] room     HASH capacity, budget (standby places), transit (ms a
 --                  place waits for its task to show up), keyttl (ms the
 --                  room's keys outlive their last use), sig (see
 --                  noteRoom), auditat
--- KEYS[9] aside    ZSET token -> arrival (server µs): tokens that left for
+-- KEYS[8] aside    ZSET token -> arrival (server µs): tokens that left for
 --                  a while but keep their place for when their task comes
 --                  back (it waits for another cap, or its queue is
 --                  paused); kept at most asideFor, lapses with the room
--- KEYS[10] fence   STRING: the last fence granted on the key (see
+-- KEYS[9] fence   STRING: the last fence granted on the key (see
 --                  nextFence in nextfence.lua)
--- KEYS[11] shares  HASH fair-share value -> the arrival given last to a
+-- KEYS[10] shares  HASH fair-share value -> the arrival given last to a
 --                  token of that value (see shareArrival)
--- KEYS[12] reals   HASH token -> "real arrival µs\tvalue", for the tokens
+-- KEYS[11] reals   HASH token -> "real arrival µs\tvalue", for the tokens
 --                  of a fair key, whose arrivals are virtual
--- KEYS[13] spares  HASH member -> channel: the processes' spare seats of
+-- KEYS[12] spares  HASH member -> channel: the processes' spare seats of
 --                  the key (see spare.go), which each gives back when
 --                  its channel hears that the key is full (recallSpares)
 --
@@ -123,7 +125,7 @@ end
 -- hold gives member seats seats until now + ttl, and returns its fence.
 local function hold(member, seats, now, t, ttl)
   holdSeats(member, seats, now, ttl)
-  return nextFence(KEYS[10], t, ttl)
+  return nextFence(KEYS[9], t, ttl)
 end
 
 -- recallSpares tells every process that holds spare seats of the key
@@ -131,7 +133,7 @@ end
 -- channel, prefix .. channel): each gives back the spare seats its tasks
 -- do not use, and takes no more until it finds the key quiet again.
 local function recallSpares(prefix, key)
-  local held = redis.call('HGETALL', KEYS[13])
+  local held = redis.call('HGETALL', KEYS[12])
   if #held == 0 then return end
   local told = {}
   for i = 2, #held, 2 do
@@ -140,7 +142,7 @@ local function recallSpares(prefix, key)
       redis.call('PUBLISH', prefix .. held[i], 'spare:' .. key)
     end
   end
-  redis.call('DEL', KEYS[13])
+  redis.call('DEL', KEYS[12])
 end
 
 -- unhold takes member's seats seats back; it returns 1 when member held
@@ -165,7 +167,7 @@ end
 -- was last told of (see noteRoom), read once a call.
 local roomRead = nil
 local function roomSettings()
-  if not roomRead then roomRead = redis.call('HMGET', KEYS[8], 'capacity', 'budget', 'transit', 'keyttl') end
+  if not roomRead then roomRead = redis.call('HMGET', KEYS[7], 'capacity', 'budget', 'transit', 'keyttl') end
   return roomRead
 end
 
@@ -183,16 +185,46 @@ end
 -- dropRoom deletes the keys an empty room keeps no more: its settings and
 -- a fair key's notes (the call reads the settings again if it asks).
 local function dropRoom()
-  redis.call('DEL', KEYS[8], KEYS[11], KEYS[12])
+  redis.call('DEL', KEYS[7], KEYS[10], KEYS[11])
   roomRead = nil
 end
 
--- unplace takes a token's standby place, if it holds one, and its arrival
--- kept with it; it reports whether it held one.
-local function unplace(token)
-  if redis.call('ZREM', KEYS[6], token) == 0 then return false end
-  redis.call('HDEL', KEYS[7], token)
-  return true
+-- placeMember is a token's member of places: the token, a tab, and its
+-- arrival, as the call that made the place had it (a token may hold a tab;
+-- an arrival never does).
+local function placeMember(token, arrival)
+  return token .. '\t' .. arrival
+end
+
+-- splitPlace reads a member of places back: its token and arrival.
+local function splitPlace(m)
+  local token, arrival = string.match(m, '^(.*)\t([^\t]*)$')
+  if not token then return m, nil end
+  return token, arrival
+end
+
+-- placeOf looks for a token's member of places, among all of them (they
+-- are few: the standby budget, or the seats free), when the caller does
+-- not know the arrival it was made with: the member and the arrival, or
+-- nil when it holds no place.
+local function placeOf(token)
+  for _, m in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do
+    local tok, arrival = splitPlace(m)
+    if tok == token and arrival then return m, arrival end
+  end
+  return nil
+end
+
+-- unplace takes a token's standby place, if it holds one (its arrival
+-- goes with it); it reports whether it held one. A caller that knows the
+-- arrival the place was made with (arrival; '': it knows the token holds
+-- none) saves looking for it; a place made since with another (it lapsed,
+-- and the token was let out again) is looked for.
+local function unplace(token, arrival)
+  if arrival == '' then return false end
+  if arrival and redis.call('ZREM', KEYS[6], placeMember(token, arrival)) == 1 then return true end
+  local m = placeOf(token)
+  return m ~= nil and redis.call('ZREM', KEYS[6], m) == 1
 end
 
 -- forgetNotes takes what is left of a token out of the room for good once
@@ -201,8 +233,8 @@ end
 -- aside) and a fair key's note of its real arrival (unless its caller
 -- knows it has none: plain).
 local function forgetNotes(token, placed, plain)
-  if not placed then redis.call('ZREM', KEYS[9], token) end
-  if not plain then redis.call('HDEL', KEYS[12], token) end
+  if not placed then redis.call('ZREM', KEYS[8], token) end
+  if not plain then redis.call('HDEL', KEYS[11], token) end
 end
 
 -- forgetRest is forgetNotes, after which an empty room keeps no key; it
@@ -215,34 +247,34 @@ local function forgetRest(token, placed, plain)
 end
 
 -- forgetPlaced takes a token that neither waits in a process nor is
--- parked out of the room for good: its place, its arrival kept aside, a
--- fair key's note of its real arrival. An empty room keeps no key; it
--- reports whether anybody still waits.
-local function forgetPlaced(token)
-  return forgetRest(token, unplace(token))
+-- parked out of the room for good: its place (arrival as unplace's), its
+-- arrival kept aside, a fair key's note of its real arrival. An empty room
+-- keeps no key; it reports whether anybody still waits.
+local function forgetPlaced(token, arrival)
+  return forgetRest(token, unplace(token, arrival))
 end
 
 -- forget takes a token out of the room for good: its task took a seat, or
--- no longer waits. An empty room keeps no key.
-local function forget(token)
+-- no longer waits (arrival as unplace's). An empty room keeps no key.
+local function forget(token, arrival)
   redis.call('ZREM', KEYS[2], token)
   redis.call('HDEL', KEYS[3], token)
   redis.call('ZREM', KEYS[5], token)
-  forgetPlaced(token)
+  forgetPlaced(token, arrival)
 end
 
 -- knownArrival is a token's place in line when it waits or stepped aside,
--- and whether it holds a standby place (true: its arrival is in since,
--- which keeps those of the tokens in places, and of no others); unplaced:
--- the caller looked in since already.
+-- and whether it holds a standby place (true: the arrival is its place's,
+-- see placeMember); unplaced: the caller looked for its place already.
 local function knownArrival(token, unplaced)
   local at = redis.call('ZSCORE', KEYS[5], token)
   if at then return at, false end
   if not unplaced then
-    at = redis.call('HGET', KEYS[7], token)
-    if at then return at, true end
+    local m
+    m, at = placeOf(token)
+    if m then return at, true end
   end
-  return redis.call('ZSCORE', KEYS[2], token) or redis.call('ZSCORE', KEYS[9], token), false
+  return redis.call('ZSCORE', KEYS[2], token) or redis.call('ZSCORE', KEYS[8], token), false
 end
 
 -- shareArrival is the virtual arrival of a new token of share value
@@ -254,7 +286,7 @@ local function shareArrival(a, nowus)
     if #first > 0 and (head == nil or tonumber(first[2]) < head) then head = tonumber(first[2]) end
   end
   local start = head or tonumber(nowus)
-  local last = tonumber(redis.call('HGET', KEYS[11], a.share) or '0')
+  local last = tonumber(redis.call('HGET', KEYS[10], a.share) or '0')
   return string.format('%.3f', math.max(start, last) + 1000 / tonumber(a.shareweight or '1'))
 end
 
@@ -276,11 +308,11 @@ end
 -- it is kept in the room (it waits, stands by or is parked).
 local function noteShare(a, token, arrival, nowus)
   if (a.share or '') == '' then return end
-  local keyttl = a.keyttl or redis.call('HGET', KEYS[8], 'keyttl') or defaultKeyTTL
-  redis.call('HSET', KEYS[11], a.share, arrival)
-  redis.call('HSET', KEYS[12], token, nowus .. '\t' .. a.share)
+  local keyttl = a.keyttl or redis.call('HGET', KEYS[7], 'keyttl') or defaultKeyTTL
+  redis.call('HSET', KEYS[10], a.share, arrival)
+  redis.call('HSET', KEYS[11], token, nowus .. '\t' .. a.share)
+  redis.call('PEXPIRE', KEYS[10], keyttl)
   redis.call('PEXPIRE', KEYS[11], keyttl)
-  redis.call('PEXPIRE', KEYS[12], keyttl)
 end
 
 -- asideFor is how long, in µs, a token that stepped aside keeps its place
@@ -290,34 +322,35 @@ local asideFor = 3600 * 1000000
 -- stepAside takes a token out of the room, giving up its standby place if
 -- it holds one, but keeps its arrival for when its task comes back.
 local function stepAside(token, nowus)
-  local arrival = knownArrival(token)
-  local keyttl = redis.call('HGET', KEYS[8], 'keyttl') or defaultKeyTTL
-  local real = redis.call('HGET', KEYS[12], token)
-  forget(token)
+  local arrival, placed = knownArrival(token)
+  local keyttl = redis.call('HGET', KEYS[7], 'keyttl') or defaultKeyTTL
+  local real = redis.call('HGET', KEYS[11], token)
+  -- (A token found parked, waiting or aside holds no place.)
+  forget(token, placed and arrival or '')
   if not arrival then return end
-  redis.call('ZADD', KEYS[9], arrival, token)
+  redis.call('ZADD', KEYS[8], arrival, token)
   if real then
     -- A fair key's token keeps its real arrival too.
-    redis.call('HSET', KEYS[12], token, real)
-    redis.call('PEXPIRE', KEYS[12], keyttl)
+    redis.call('HSET', KEYS[11], token, real)
+    redis.call('PEXPIRE', KEYS[11], keyttl)
   end
-  redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', '(' .. string.format('%d', tonumber(nowus) - asideFor))
-  redis.call('PEXPIRE', KEYS[9], keyttl)
+  redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', '(' .. string.format('%d', tonumber(nowus) - asideFor))
+  redis.call('PEXPIRE', KEYS[8], keyttl)
 end
 
 -- park puts a token among the parked with its arrival, out of any slot
 -- and place (its wait in a slot ended, or it never had one: new, and in
--- none of them). It reports whether the token gave up a place.
-local function park(token, arrival, new)
+-- none of them; place as unplace's arrival). It reports whether the token
+-- gave up a place.
+local function park(token, arrival, new, place)
   if new then
     redis.call('ZADD', KEYS[5], 'NX', arrival, token)
     return false
   end
   redis.call('ZREM', KEYS[2], token)
   redis.call('HDEL', KEYS[3], token)
-  local placed = redis.call('ZREM', KEYS[6], token) > 0
-  if placed then redis.call('HDEL', KEYS[7], token) end
-  redis.call('ZREM', KEYS[9], token)
+  local placed = unplace(token, place)
+  redis.call('ZREM', KEYS[8], token)
   redis.call('ZADD', KEYS[5], 'NX', arrival, token)
   return placed
 end
@@ -370,7 +403,9 @@ end
 -- keeping its arrival); one whose process is gone is dropped. It returns
 -- the caller's grants (token, member, fence triples), the seats still
 -- free, whether a waiter blocks the line, and how many tokens it gave a
--- seat, the caller's and others'.
+-- seat, the caller's and others'. The arrivals the places of the caller's
+-- tokens given a seat were made with go in grantedPlace.
+local grantedPlace = {}
 local function grant(now, t, free, mine, prefix, key, before)
   local own = {}
   local given = 0
@@ -384,7 +419,8 @@ local function grant(now, t, free, mine, prefix, key, before)
     if not info then
       redis.call('ZREM', KEYS[2], token)
     else
-      local channel, id, ttl, capacity, seats, label = string.match(info, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
+      local channel, id, ttl, capacity, seats, place, label =
+        string.match(info, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
       seats = tonumber(seats)
       -- (The caller's own process is here: its presence is not looked up.)
       local presence = nil
@@ -398,7 +434,7 @@ local function grant(now, t, free, mine, prefix, key, before)
         -- place goes on then, not when it lapses: after a worker's crash,
         -- the tasks parked behind its standbys are let out as soon as its
         -- seats free.
-        if presence + asideAfter <= now and redis.call('ZSCORE', KEYS[6], token) then
+        if presence + asideAfter <= now and place ~= '' and redis.call('ZSCORE', KEYS[6], placeMember(token, place)) then
           stepAside(token, micros(t))
           placeFreed = true
           -- Its presence goes too: a process that was only slow finds it
@@ -426,6 +462,7 @@ local function grant(now, t, free, mine, prefix, key, before)
         if free > 0 then free = free - seats end
         given = given + 1
         if channel == mine then
+          grantedPlace[token] = place
           own[#own + 1] = token
           own[#own + 1] = member
           own[#own + 1] = fence
@@ -438,13 +475,12 @@ local function grant(now, t, free, mine, prefix, key, before)
   return own, free, blocked, given
 end
 
--- keepPlaces gives the keys of the standby places (places, since) the
--- room's TTL: when admit or an enter makes them, and whenever noteRoom
--- renews the room (four times a keyttl while tasks come and go), rather
--- than on every change of them.
+-- keepPlaces gives the key of the standby places the room's TTL: when
+-- admit or an enter makes it, and whenever noteRoom renews the room (four
+-- times a keyttl while tasks come and go), rather than on every change of
+-- it.
 local function keepPlaces(keyttl)
   redis.call('PEXPIRE', KEYS[6], keyttl)
-  redis.call('PEXPIRE', KEYS[7], keyttl)
 end
 
 -- reclaim puts the tokens whose standby place lapsed (their task never
@@ -453,9 +489,10 @@ end
 -- first. It returns how many it put back.
 local function reclaim(now)
   local lapsed = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now, 'LIMIT', 0, 100)
-  for _, token in ipairs(lapsed) do
-    local arrival = redis.call('HGET', KEYS[7], token)
-    park(token, arrival or now * 1000)
+  for _, m in ipairs(lapsed) do
+    local token, arrival = splitPlace(m)
+    redis.call('ZREM', KEYS[6], m)
+    park(token, arrival or now * 1000, false, '')
   end
   -- The parked key may be new: it lives as long as the room.
   if #lapsed > 0 then redis.call('PEXPIRE', KEYS[5], roomSettings()[4] or defaultKeyTTL) end
@@ -479,6 +516,7 @@ local function unstrand(now, transit)
   if renewedBy <= now + transit then return 0 end
   local held = redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. (now + transit), renewedBy, 'LIMIT', 0, 100)
   if #held == 0 then return 0 end
+  for i, m in ipairs(held) do held[i] = splitPlace(m) end
   local waits = redis.call('ZMSCORE', KEYS[2], unpack(held))
   local n = 0
   for i, token in ipairs(held) do
@@ -523,8 +561,7 @@ local function admit(now, free)
   while standing < budget do
     local first = redis.call('ZPOPMIN', KEYS[5])
     if #first == 0 then break end
-    redis.call('ZADD', KEYS[6], now + transit, first[1])
-    redis.call('HSET', KEYS[7], first[1], first[2])
+    redis.call('ZADD', KEYS[6], now + transit, placeMember(first[1], first[2]))
     standing = standing + 1
     out[#out + 1] = first[1]
     arrivals[#arrivals + 1], arrivals[#arrivals + 2] = first[1], first[2]
@@ -581,9 +618,9 @@ local function noteRoom(a, now)
   local sig = a.capacity .. ':' .. a.budget .. ':' .. a.transit .. ':' .. a.keyttl .. ':'
     .. math.floor(now / math.max(math.floor(keyttl / 4), 1))
   roomGiven(a)
-  if redis.call('HGET', KEYS[8], 'sig') == sig then return end
-  redis.call('HSET', KEYS[8], 'capacity', a.capacity, 'budget', a.budget, 'transit', a.transit, 'keyttl', a.keyttl, 'sig', sig)
-  redis.call('PEXPIRE', KEYS[8], keyttl)
+  if redis.call('HGET', KEYS[7], 'sig') == sig then return end
+  redis.call('HSET', KEYS[7], 'capacity', a.capacity, 'budget', a.budget, 'transit', a.transit, 'keyttl', a.keyttl, 'sig', sig)
+  redis.call('PEXPIRE', KEYS[7], keyttl)
   keepPlaces(keyttl)
   -- The parked key takes its TTL from whoever makes it, and is renewed
   -- here (park.lua renews it only for the first token parked).
@@ -597,7 +634,7 @@ end
 local function lineHead()
   local first = redis.call('ZRANGE', KEYS[2], 0, 7)
   local clear = 0
-  if redis.call('EXISTS', KEYS[5], KEYS[6], KEYS[9]) == 0 then clear = 1 end
+  if redis.call('EXISTS', KEYS[5], KEYS[6], KEYS[8]) == 0 then clear = 1 end
   return first, clear
 end
 

@@ -21,7 +21,7 @@
 local a = args()
 local now, t = clock()
 local nowus = tonumber(micros(t))
-local aside = redis.call('ZCARD', KEYS[9])
+local aside = redis.call('ZCARD', KEYS[8])
 if not occupied() then return {'now', nowus, 'parked', 0, 'waiting', 0, 'places', 0, 'live', 0, 'inboth', 0, 'oldest', 0, 'aside', aside} end
 local parked = redis.call('ZCARD', KEYS[5])
 local waiting = redis.call('ZCARD', KEYS[2])
@@ -37,7 +37,11 @@ if waiting > 0 then older(redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')[2]) 
 local inboth = 0
 if places > 0 then
   local tokens = redis.call('ZRANGE', KEYS[6], 0, tonumber(a.placesmax) - 1)
-  for _, arrival in ipairs(redis.call('HMGET', KEYS[7], unpack(tokens))) do older(arrival) end
+  for i, m in ipairs(tokens) do
+    local arrival
+    tokens[i], arrival = splitPlace(m)
+    older(arrival)
+  end
   if waiting > 0 then
     for _, s in ipairs(redis.call('ZMSCORE', KEYS[2], unpack(tokens))) do
       if s then inboth = inboth + 1 end
@@ -45,16 +49,17 @@ if places > 0 then
   end
 end
 local fair, oldestreal, values = 0, 0, {}
-if redis.call('EXISTS', KEYS[12]) == 1 then
+if redis.call('EXISTS', KEYS[11]) == 1 then
   fair = 1
-  local counts, names = {}, {}
+  local counts, names, placed = {}, {}, {}
+  for _, m in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do placed[(splitPlace(m))] = true end
   local cursor, seen = '0', 0
   repeat
-    local page = redis.call('HSCAN', KEYS[12], cursor, 'COUNT', 200)
+    local page = redis.call('HSCAN', KEYS[11], cursor, 'COUNT', 200)
     cursor = page[1]
     for i = 1, #page[2], 2 do
       local token, info = page[2][i], page[2][i + 1]
-      if redis.call('ZSCORE', KEYS[5], token) or redis.call('ZSCORE', KEYS[2], token) or redis.call('ZSCORE', KEYS[6], token) then
+      if redis.call('ZSCORE', KEYS[5], token) or redis.call('ZSCORE', KEYS[2], token) or placed[token] then
         local real, value = string.match(info, '^([^\t]*)\t(.*)$')
         real = tonumber(real)
         if real and (oldestreal == 0 or real < oldestreal) then oldestreal = real end

@@ -5,7 +5,8 @@
 -- seats: the calls that free seats do (release, leave, the sweep).
 --
 -- KEYS: those of room.lua
--- ARGV, name/value pairs: token, wake, channel, prefix, key, fair ('1':
+-- ARGV, name/value pairs: token, place (the arrival its standby place
+--   was made with, see placeMember), wake, channel, prefix, key, fair ('1':
 --   the token entered with a share value, so it has a note of its real
 --   arrival to forget), and the room's budget, transit and keyttl (see
 --   acquire.lua), which the call lets the next token out with
@@ -21,7 +22,7 @@ if not redis.call('ZSCORE', KEYS[2], a.token) then
   -- It took its seat, which took it out of the waiting and its slots
   -- entry: what is left of it is its place (unless the place lapsed and
   -- put it back among the parked, where it keeps its arrival).
-  local placed = unplace(a.token)
+  local placed = unplace(a.token, a.place)
   if placed or not redis.call('ZSCORE', KEYS[5], a.token) then
     forgetNotes(a.token, placed, a.fair ~= '1')
     left = true
