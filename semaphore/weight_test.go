@@ -11,6 +11,7 @@ import (
 	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
 	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
 	"github.com/fleetcap/fleetcap/semaphore"
+	"github.com/redis/go-redis/v9"
 )
 
 // TestWeightedSeats: a permit of weight n takes n seats: UsedPermits
@@ -224,5 +225,42 @@ func TestGoneHeavyWaiterDoesNotHoldTheLine(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the light waiter got no seat: the gone process's heavy waiter holds the line")
+	}
+}
+
+// TestUnreadableSlotLeavesTheLine: a waiting token whose slots entry this
+// layout cannot read (one of layout 5, whose entries name no place, left
+// by a process killed with its waiters in line) leaves the line when its
+// turn comes, and the seat goes to the next waiter; the release does not
+// fail on it.
+func TestUnreadableSlotLeavesTheLine(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx, rdb := context.Background(), srv.Client()
+	s := newService(t, rdb)
+	key := uniqueKey(t)
+	first := mustAcquire(t, s, key, 1)
+	if err := rdb.ZAdd(ctx, storeKey(key, "waiting"), redis.Z{Score: 1, Member: "old"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HSet(ctx, storeKey(key, "slots"), "old", "gone-channel\tabc\t30000\t1\t1\told-label").Err(); err != nil {
+		t.Fatal(err)
+	}
+	next := acquireInLine(t, s, key)
+	if err := first.Release(ctx); err != nil {
+		t.Fatalf("release with an unreadable waiter first in line: %v", err)
+	}
+	select {
+	case p := <-next:
+		if p == nil {
+			t.FailNow() // its error is reported
+		}
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter behind the unreadable one got no seat")
+	}
+	if inRoom(t, rdb, key, "waiting", "old") || rdb.HExists(ctx, storeKey(key, "slots"), "old").Val() {
+		t.Fatal("the unreadable waiter is still in line")
 	}
 }

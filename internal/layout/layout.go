@@ -51,8 +51,10 @@
 //   - 6: a standby place keeps its token's arrival in its member of
 //     {<key>}:places (the token, a tab, the arrival), where layout 5 kept
 //     it in the HASH {<key>}:since, which is gone; a waiting token's
-//     entry in {<key>}:slots names that arrival before its label. A
-//     layout-5 process would not find the places. Layout 5's since keys
+//     entry in {<key>}:slots names that arrival before its label (an
+//     entry of layout 5, left in line by a killed process, leaves the
+//     line when its turn comes). A layout-5 process would not find the
+//     places. Layout 5's since keys
 //     lapse with their TTL; a place of layout 5 left behind lapses, and
 //     its token goes back among the parked as of then, not with its
 //     arrival.

@@ -416,11 +416,18 @@ local function grant(now, t, free, mine, prefix, key, before)
     if #first == 0 or (before and tonumber(first[2]) >= tonumber(before)) then break end
     local token = first[1]
     local info = redis.call('HGET', KEYS[3], token)
-    if not info then
-      redis.call('ZREM', KEYS[2], token)
-    else
-      local channel, id, ttl, capacity, seats, place, label =
+    local channel, id, ttl, capacity, seats, place, label
+    if info then
+      channel, id, ttl, capacity, seats, place, label =
         string.match(info, '^([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t([^\t]*)\t(.*)$')
+    end
+    if not channel then
+      -- No slot, or one this layout cannot read (left by a process of
+      -- layout 5 that was killed with its waiters in line): the token
+      -- leaves the line.
+      redis.call('ZREM', KEYS[2], token)
+      if info then redis.call('HDEL', KEYS[3], token) end
+    else
       seats = tonumber(seats)
       -- (The caller's own process is here: its presence is not looked up.)
       local presence = nil
