@@ -54,10 +54,9 @@
 //     entry in {<key>}:slots names that arrival before its label (an
 //     entry of layout 5, left in line by a killed process, leaves the
 //     line when its turn comes). A layout-5 process would not find the
-//     places. Layout 5's since keys
-//     lapse with their TTL; a place of layout 5 left behind lapses, and
-//     its token goes back among the parked as of then, not with its
-//     arrival.
+//     places. Layout 5's since keys lapse with their TTL; a place of
+//     layout 5 left behind lapses, and its token goes back among the
+//     parked as of then, not with its arrival.
 //
 // The record is one Redis hash, fleetcap:layout (Key), without a TTL. Its
 // field "version" is the layout the fleet's data is in; a field

@@ -93,9 +93,7 @@ if mode == 'enter' and token ~= '' then
   if a.placed and redis.call('ZADD', KEYS[6], 'XX', 'CH', now + tonumber(a.hold), placeMember(token, a.placed)) == 1 then
     placedAt, renewed = a.placed, true
   else
-    local _
-    _, placedAt = placeOf(token)
-    placedAt = placedAt or false
+    placedAt = select(2, placeOf(token)) or false
   end
 end
 local waitedFor = true

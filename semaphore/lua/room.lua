@@ -441,7 +441,7 @@ local function grant(now, t, free, mine, prefix, key, before)
         -- place goes on then, not when it lapses: after a worker's crash,
         -- the tasks parked behind its standbys are let out as soon as its
         -- seats free.
-        if presence + asideAfter <= now and place ~= '' and redis.call('ZSCORE', KEYS[6], placeMember(token, place)) then
+        if presence + asideAfter <= now and place ~= '' and placeOf(token) then
           stepAside(token, micros(t))
           placeFreed = true
           -- Its presence goes too: a process that was only slow finds it
