@@ -109,15 +109,39 @@ func acquireInLine(t *testing.T, s *semaphore.Service, key string, opts ...semap
 func acquireInLineOf(t *testing.T, s *semaphore.Service, key string, permits int, opts ...semaphore.AcquireOption) <-chan *semaphore.Permit {
 	t.Helper()
 	got := make(chan *semaphore.Permit, 1)
+	report := reporter(t)
 	go func() {
 		q, err := s.Acquire(context.Background(), key, permits, append([]semaphore.AcquireOption{semaphore.WithWaitTimeout(10 * time.Second)}, opts...)...)
-		if err != nil {
-			t.Error(err)
-		}
+		report(err)
 		got <- q
 	}()
 	waitfor.Condition(t, 5*time.Second, "waiter in line", func() bool { return s.LocalWaiters(key) == 1 })
 	return got
+}
+
+// reporter returns what a goroutine of the test reports its error with
+// (nil: none): on t, unless the test is ending. A goroutine whose wait
+// ends as the test's Services close (the test stopped before it took
+// what the goroutine waited for) must not report after the test
+// completed, which panics; while it reports, the test does not end.
+func reporter(t *testing.T) func(error) {
+	var mu sync.Mutex
+	ending := false
+	t.Cleanup(func() {
+		mu.Lock()
+		ending = true
+		mu.Unlock()
+	})
+	return func(err error) {
+		if err == nil {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !ending {
+			t.Error(err)
+		}
+	}
 }
 
 // serverClockPasses waits until the Redis server's clock has moved d past

@@ -133,11 +133,10 @@ func wokenService(t *testing.T) (*redistest.Server, *semaphore.Service, wakeLog,
 func seatFrom(t *testing.T, s *semaphore.Service, key string, e *semaphore.Entry, holder *semaphore.Permit) *semaphore.Permit {
 	t.Helper()
 	got := make(chan *semaphore.Permit, 1)
+	report := reporter(t)
 	go func() {
 		p, err := e.Wait(context.Background(), semaphore.WithWaitTimeout(5*time.Second))
-		if err != nil {
-			t.Error(err)
-		}
+		report(err)
 		got <- p
 	}()
 	waitfor.Condition(t, 5*time.Second, "the entry waits in line", func() bool { return s.LocalWaiters(key) == 1 })
@@ -1136,11 +1135,7 @@ func TestSeatTakenPastAGoneStandbyLetsTheNextOut(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if p := <-heavy; p != nil {
-		if err := p.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	seatedThenRelease(t, heavy, "the heavy waiter got no seat once both were free")
 }
 
 // TestSeatedStandbyOfALiveProcessKeepsItsPlace: a task given its seat by
@@ -1231,11 +1226,10 @@ func TestStalledProcessRejoinsWithItsArrival(t *testing.T) {
 	ctx := context.Background()
 	r := slowStandby(t)
 	got := make(chan *semaphore.Permit, 1)
+	report := reporter(t)
 	go func() {
 		p, err := r.standby.Wait(ctx, semaphore.WithWaitTimeout(30*time.Second))
-		if err != nil {
-			t.Error(err)
-		}
+		report(err)
 		got <- p
 	}()
 	// The slow process stalls, and the holder gives its seat back.
