@@ -46,6 +46,10 @@ func capRoom(l *Limit, parkedRetry time.Duration) semaphore.Room {
 		Transit: transitTime,
 		TTL:     3 * parkedRetry,
 		Audit:   auditInterval,
+		// Every task of the cap takes one seat in one line: a task let
+		// out in the place of one that starts stands by as it comes (its
+		// seat is labelled with its task ID, as permitOptions labels it).
+		Enrol: l.Cap.FairBy == "" && l.Cap.CostFrom == "" && l.Cap.Cost <= 1,
 	}
 }
 

@@ -100,7 +100,8 @@ func (k *Waker) bringCap(ctx context.Context, key, token string, again bool) {
 	k.bring(ctx, Mark(KindCap, key), token,
 		func(ctx context.Context) error { return k.sem.Dismiss(ctx, key, token) },
 		func(ctx context.Context) error { return k.sem.StepAside(ctx, key, token) },
-		busy)
+		busy,
+		func(context.Context) error { k.sem.Unenrol(key, token); return nil })
 }
 
 // bring brings the task of token back to its queue (bringBack). When the
@@ -110,11 +111,21 @@ func (k *Waker) bringCap(ctx context.Context, key, token string, again bool) {
 // next token; paused, when the task waits pending in its paused queue,
 // also keeps the token's arrival for when the queue resumes; busy, when
 // the task is still in a worker's hands (nil: what the room handed it
-// lapses back by itself). It reports whether it gave it back. Both rooms'
+// lapses back by itself). It reports whether it gave it back. A task
+// brought to its queue rather than to a slot here (queued, when not nil:
+// any worker may take it) keeps what the room handed it. Both rooms'
 // wake-ups go through it.
-func (k *Waker) bring(ctx context.Context, mark, token string, gone, paused, busy func(context.Context) error) bool {
+func (k *Waker) bring(ctx context.Context, mark, token string, gone, paused, busy, queued func(context.Context) error) bool {
 	var err error
-	switch k.bringBack(ctx, mark, token) {
+	res, here := k.bringBack(ctx, mark, token)
+	switch res {
+	case asynqx.Woken:
+		if !here && queued != nil {
+			if err := queued(ctx); err != nil {
+				k.log.Warn("worker: hand on a task brought to its queue (it stands by wherever it runs, or comes back by itself)", "mark", mark, "err", err)
+			}
+		}
+		return false
 	case asynqx.Gone:
 		err = gone(ctx)
 	case asynqx.Paused:
@@ -135,20 +146,20 @@ func (k *Waker) bring(ctx context.Context, mark, token string, gone, paused, bus
 }
 
 // bringBack moves the task of token to the dequeuing end of its queue, or
-// into a slot of this worker (see SetServer), and says what it found (see
-// asynqx.Wake; mark is the start of the message it waits with). A task
+// into a slot of this worker (see SetServer; here), and says what it found
+// (see asynqx.Wake; mark is the start of the message it waits with). A task
 // that is still in its handler (parking itself) is asked for again, 1 ms
 // later, then 2, 4 and 8 ms apart, for 200 ms; if it is still there, or
 // Redis fails, Busy: its place lapses back to the room, keeping its
 // arrival.
-func (k *Waker) bringBack(ctx context.Context, mark, token string) asynqx.WakeResult {
+func (k *Waker) bringBack(ctx context.Context, mark, token string) (res asynqx.WakeResult, here bool) {
 	t, err := ParseToken(token)
 	if err != nil {
-		return asynqx.Gone
+		return asynqx.Gone, false
 	}
 	if k.server != nil {
 		if res, ok := k.server.Claim(t.Queue, t.ID, mark, WaitsForHeader); ok && res != asynqx.Busy {
-			return res
+			return res, true
 		}
 	}
 	deadline := time.Now().Add(200 * time.Millisecond)
@@ -156,14 +167,14 @@ func (k *Waker) bringBack(ctx context.Context, mark, token string) asynqx.WakeRe
 		res, err := asynqx.Wake(ctx, k.rdb, t.Queue, t.ID, mark, WaitsForHeader)
 		if err != nil {
 			k.log.Warn("worker: wake a parked task (it comes back by itself)", "queue", t.Queue, "id", t.ID, "err", err)
-			return asynqx.Busy
+			return asynqx.Busy, false
 		}
 		if res != asynqx.Busy || time.Now().After(deadline) {
-			return res
+			return res, false
 		}
 		select {
 		case <-ctx.Done():
-			return asynqx.Busy
+			return asynqx.Busy, false
 		case <-time.After(pause):
 		}
 	}
@@ -285,7 +296,7 @@ func (rw *rateWakes) loop(a *Admitter, r Limit, l *rateLoop) {
 				// steps aside as one of a paused queue does: the hand-out
 				// goes to the next token, and the task takes its old place
 				// in line when it comes back.
-				if a.Waker.bring(bctx, mark, h.Token, gone, aside, aside) {
+				if a.Waker.bring(bctx, mark, h.Token, gone, aside, aside, nil) {
 					l.wake()
 				}
 			}()

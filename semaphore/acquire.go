@@ -280,7 +280,7 @@ func (s *Service) abandon(w *waiter, how string, reason Reason, cause error) err
 
 // giveUp takes w out of the room (how: see leave.lua); a seat given to it
 // meanwhile is given back in the same call.
-func (s *Service) giveUp(w *waiter, how string) {
+func (s *Service) giveUp(w *waiter, how string, extra ...any) {
 	s.waits.mu.Lock()
 	if how == "drop" && s.waits.handOn(w) {
 		s.waits.mu.Unlock()
@@ -294,8 +294,9 @@ func (s *Service) giveUp(w *waiter, how string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
-	rep, err := s.runNamed(ctx, leaveScript, w.req.k, s.settleArgs(w.req.key, "token", w.token, "member", w.member, "seats", w.req.cfg.seats, "how", how,
-		"capacity", w.req.capacity, "keyttl", w.req.cfg.roomKeyTTL().Milliseconds())...)
+	args := append([]any{"token", w.token, "member", w.member, "seats", w.req.cfg.seats, "how", how,
+		"capacity", w.req.capacity, "keyttl", w.req.cfg.roomKeyTTL().Milliseconds()}, extra...)
+	rep, err := s.runNamed(ctx, leaveScript, w.req.k, s.settleArgs(w.req.key, args...)...)
 	if err != nil {
 		s.log.Warn("semaphore: leave the waiting room (the entry lapses by itself)", "key", w.req.key, "err", err)
 		return

@@ -77,3 +77,12 @@ func (s *Service) EarliestArmed(key string) bool { return s.earliestArmed(key) }
 // NoLapse reports whether a release of p now would tell release.lua that
 // no lease lapsed (noLapse), for tests.
 func (s *Service) NoLapse(p *Permit) bool { return s.noLapse(p) }
+
+// Enrolled reports whether a release of s enrolled token in key's line and
+// no Enter took it up yet (enrol.go), for tests.
+func (s *Service) Enrolled(key, token string) bool {
+	s.waits.mu.Lock()
+	defer s.waits.mu.Unlock()
+	w := s.waits.waiters[waitKey{key, token}]
+	return w != nil && w.enrolled
+}

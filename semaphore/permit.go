@@ -231,6 +231,8 @@ func (s *Service) release(ctx context.Context, p *Permit) (bool, error) {
 		args = append(append(args, "settleown", "1"), r.args()...)
 		if p.cfg.share != "" {
 			args = append(args, "fair", "1")
+		} else if req := p.request(); s.enrols(req) {
+			args = append(args, enrolArgs(req)...)
 		}
 	}
 	rep, err := s.runBatched(releaseScript, p.k, args...)
@@ -241,8 +243,14 @@ func (s *Service) release(ctx context.Context, p *Permit) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	s.enrolled(p.request(), rep)
 	s.passOn(p.key, rep, time.Time{})
 	return held == 1, nil
+}
+
+// request is the request p's seat was given for.
+func (p *Permit) request() request {
+	return request{key: p.key, k: p.k, capacity: p.capacity, cfg: p.cfg}
 }
 
 // localDeadline is when the lease surely ran out, by the local clock,

@@ -42,6 +42,15 @@ type Room struct {
 	// Audit is how often, fleet-wide, one Admit call is handed the tokens
 	// parked in the room to check (see Admit); 0: never.
 	Audit time.Duration
+	// Enrol makes a release that gives a seat to a task of its process
+	// standing by (WithStartOnSeat) also stand by, on that process's
+	// behalf, the token it lets out in that task's place: the task of that
+	// token, which OnWake brings to a slot, then stands by without a store
+	// call of its own (enrol.go). Its seat is one, of the releasing seat's
+	// lease, held under the token's text after its last NUL byte (a worker
+	// gives its tasks' tokens that shape, and their seats that label); an
+	// Enter for it with other options enters as usual.
+	Enrol bool
 }
 
 // auditMax is the most parked tokens one audit is handed: the first by
@@ -97,8 +106,9 @@ type Entry struct {
 	// and let out the tokens of later, which Settle hands to OnWake
 	settled bool
 	later   []string
-	room    Room // the room it entered, whose settings Settle lets the next token out with
-	fair    bool // it entered with a share value (WithShare)
+	room    Room    // the room it entered, whose settings Settle lets the next token out with
+	seat    *Permit // the seat Wait got, whose Settle may enrol (enrol.go)
+	fair    bool    // it entered with a share value (WithShare)
 }
 
 // Settle gives up the token's standby place, if it holds one, once its
@@ -121,7 +131,13 @@ func (e *Entry) Settle(ctx context.Context) error {
 	if e.fair {
 		extra = append(extra, "fair", "1") // its note of a real arrival goes too
 	}
-	return e.s.tokenCall(ctx, settleScript, "settle on", e.key, e.token, extra...)
+	if e.seat != nil {
+		if req := e.seat.request(); e.s.enrols(req) {
+			extra = append(append(extra, enrolArgs(req)...), "capacity", req.capacity)
+			return e.s.tokenCall(ctx, settleScript, "settle on", e.key, e.token, func(rep reply) { e.s.enrolled(req, rep) }, extra...)
+		}
+	}
+	return e.s.tokenCall(ctx, settleScript, "settle on", e.key, e.token, nil, extra...)
 }
 
 // HoldsPlace reports whether the Entry's token still holds a standby place
@@ -166,6 +182,12 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 	_, err = s.observed(ctx, key, permits, func(ctx context.Context) (*Permit, int, error) {
 		if s.isClosed() {
 			return nil, 0, &AcquisitionError{Key: key, Reason: ReasonShutdown, Err: ErrClosed}
+		}
+		if w := s.adopt(key, token, permits, cfg); w != nil {
+			// Its token waits already, enrolled by a release here.
+			e.w, e.Standby, e.holdsPlace, e.place = w, true, true, w.place
+			s.roomy.Mark(key)
+			return nil, 1, errStandingBy
 		}
 		req := s.newRequest(key, permits, cfg)
 		if p := s.lendSpare(req); p != nil {
@@ -283,6 +305,7 @@ func (e *Entry) Wait(ctx context.Context, opts ...AcquireOption) (*Permit, error
 			e.settled, e.later = true, later
 		}
 	}
+	e.seat = p
 	if err != nil {
 		e.holdsPlace = false // parked: the place went on
 	}
@@ -367,7 +390,8 @@ func (s *Service) Park(ctx context.Context, key string, permits int, token strin
 // longer waits, or cannot be found), and lets the next token out in its
 // place.
 func (s *Service) Dismiss(ctx context.Context, key, token string) error {
-	return s.tokenCall(ctx, dismissScript, "dismiss from", key, token)
+	s.dropEnrolled(key, token)
+	return s.tokenCall(ctx, dismissScript, "dismiss from", key, token, nil)
 }
 
 // StepAside takes token out of key's waiting room for a while: its task
@@ -376,7 +400,8 @@ func (s *Service) Dismiss(ctx context.Context, key, token string) error {
 // (for an hour) for when it comes back: it then takes its old place in
 // line.
 func (s *Service) StepAside(ctx context.Context, key, token string) error {
-	return s.tokenCall(ctx, asideScript, "step aside from", key, token)
+	s.dropEnrolled(key, token)
+	return s.tokenCall(ctx, asideScript, "step aside from", key, token, nil)
 }
 
 // StepAsideInTransit is StepAside for a token let out whose task did not
@@ -385,12 +410,18 @@ func (s *Service) StepAside(ctx context.Context, key, token string) error {
 // task came meanwhile (it waits in a process: its task stands by) or that
 // holds no place as it is.
 func (s *Service) StepAsideInTransit(ctx context.Context, key, token string) error {
-	return s.tokenCall(ctx, asideScript, "step aside from", key, token, "transit", "1")
+	if s.dropEnrolled(key, token) {
+		// It waited here, enrolled, for a task that did not come: parked
+		// now, it steps aside.
+		return s.tokenCall(ctx, asideScript, "step aside from", key, token, nil)
+	}
+	return s.tokenCall(ctx, asideScript, "step aside from", key, token, nil, "transit", "1")
 }
 
 // tokenCall runs a script about one token of key's room (dismiss.lua,
-// aside.lua) and hands on what it passed on.
-func (s *Service) tokenCall(ctx context.Context, script *redis.Script, what, key, token string, extra ...any) error {
+// aside.lua, settle.lua) and hands on what it passed on, after enrolled,
+// if not nil, took the waiters it enrolled (enrol.go).
+func (s *Service) tokenCall(ctx context.Context, script *redis.Script, what, key, token string, enrolled func(reply), extra ...any) error {
 	if err := checkKey(key); err != nil {
 		return err
 	}
@@ -400,6 +431,9 @@ func (s *Service) tokenCall(ctx context.Context, script *redis.Script, what, key
 	rep, err := s.runBatched(script, s.keysFor(key), s.settleArgs(key, append([]any{"token", token}, extra...)...)...)
 	if err != nil {
 		return fmt.Errorf("semaphore: %s %q: %w", what, key, err)
+	}
+	if enrolled != nil {
+		enrolled(rep)
 	}
 	s.passOn(key, rep, time.Time{})
 	return nil

@@ -364,6 +364,7 @@ func (s *Service) ForceReleaseAll(ctx context.Context, key string) (int, error) 
 func (s *Service) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.closed)
+		s.unenrolAll()
 		s.drainAllSpares(true)
 		s.mu.Lock()
 		renewing := s.renewing

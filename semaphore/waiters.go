@@ -72,6 +72,11 @@ type waiter struct {
 	since   int64
 	inRoom  bool
 	joining chan struct{}
+	// Enrolled by a release of this Service, and no Enter took it up yet
+	// (enrol.go), guarded by mu: its place's arrival, and when it leaves.
+	enrolled bool
+	place    string
+	expiry   *time.Timer
 }
 
 func newWaiter(req request, token string) *waiter {
@@ -163,7 +168,11 @@ func (kw *keyWaits) presentBy(sent time.Time) {
 type waitRegistry struct {
 	mu      sync.Mutex
 	waiters map[waitKey]*waiter
-	keys    map[string]*keyWaits
+	// early holds the seats sent to tokens that no waiter here waits for
+	// yet, lately: an enrolled token's seat may come before the reply of
+	// the call that enrolled it (see enrolled)
+	early map[waitKey]earlySeat
+	keys  map[string]*keyWaits
 
 	ps          *redis.PubSub // nil until subscribed
 	subscribing bool
@@ -315,6 +324,10 @@ func (s *Service) deliver(key, token string, m seatMsg) bool {
 	w.done = true
 	w.settled, w.later = m.settled, m.later
 	w.seat <- m
+	if w.enrolled {
+		// Its task may not come here (see enrolSeatGrace).
+		w.expiry.Reset(enrolSeatGrace)
+	}
 	return true
 }
 
@@ -583,7 +596,12 @@ func (s *Service) listen() {
 			if key, ok := strings.CutPrefix(m.Payload, spareMessage); ok {
 				s.recallSpare(key)
 			} else if key, token, seat, ok := parseSeatMessage(m.Payload); ok {
-				_ = s.deliver(key, token, seat) // a waiter that left gives its seat back as it leaves
+				if !s.deliver(key, token, seat) {
+					// A waiter that left gives its seat back as it leaves; one
+					// enrolled by a call whose reply is still on its way
+					// takes it as it is registered.
+					s.keepEarly(key, token, seat)
+				}
 			} else {
 				s.log.Warn("semaphore: a seat message this build cannot read", "payload", m.Payload)
 			}

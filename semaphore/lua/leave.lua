@@ -11,7 +11,13 @@
 -- KEYS: those of room.lua
 -- ARGV, name/value pairs: token, member (of the seat it waited for), seats
 --   (its weight), how,
---   capacity, channel, prefix, key, wake, keyttl (see acquire.lua)
+--   capacity, channel, prefix, key, wake, keyttl (see acquire.lua); only
+--   ('1': the token was enrolled by the caller's release and its task
+--   never came for it, see enrol in room.lua: the seat given to it goes
+--   back, and it parks, with arrival when nothing else of it is known,
+--   only while it waits as the caller's or held that seat); how 'transit'
+--   (with only) puts a token that waits as the caller's back in transit
+--   instead (its task went to its queue), and parks one given a seat
 --
 -- Reply, name/value pairs: returned (1 when the token's seat was given
 -- back), granted (tokens of the caller's channel given a seat), woken
@@ -22,10 +28,33 @@ local now, t = clock()
 local token = a.token
 local waited = redis.call('ZSCORE', KEYS[2], token)
 local returned = 0
-if not waited then returned = unhold(a.member, tonumber(a.seats or '1')) end
+local others = false -- only: the token is not the caller's (any more)
+if a.only == '1' then
+  -- A seat given to it goes back, whoever took the token up since: the
+  -- task of another process that entered with it (its slot names that
+  -- process), or another way out of the waiting than the caller's seat.
+  returned = unhold(a.member, 1)
+  if waited then
+    others = string.sub(redis.call('HGET', KEYS[3], token) or '', 1, #a.channel + 1) ~= a.channel .. '\t'
+  else
+    others = returned == 0
+  end
+elseif not waited then
+  returned = unhold(a.member, tonumber(a.seats or '1'))
+end
 local known = false -- somebody is known to wait still
-if a.how == 'park' then
-  local arrival, _, placed = arrivalOf(token, micros(t))
+if others then
+  -- (The seat given back, if any, is passed on below.)
+elseif a.how == 'transit' and waited then
+  -- Its task went to its queue, for any worker: it is in transit again,
+  -- its place waiting the room's transit for it (see Service.Unenrol).
+  redis.call('ZREM', KEYS[2], token)
+  redis.call('HDEL', KEYS[3], token)
+  redis.call('ZADD', KEYS[6], 'XX', now + tonumber(roomSettings()[3] or '1000'), placeMember(token, a.arrival))
+  known = true
+elseif a.how == 'park' or a.how == 'transit' then
+  local arrival, new, placed = arrivalOf(token, micros(t))
+  if new and a.arrival then arrival = a.arrival end
   park(token, arrival, false, placed and arrival or '')
   redis.call('PEXPIRE', KEYS[5], a.keyttl or defaultKeyTTL)
   known = true

@@ -14,13 +14,18 @@
 --   fair ('1': the key's tokens have notes of their real arrival);
 --   nolapse ('1': the seat's lease is surely live, and the caller's
 --   process rechecks the key at a lease expiry still to come, so that no
---   lease lapsed: see earliestArmed)
+--   lease lapsed: see earliestArmed); enrol ('1': the tokens let out in
+--   the places of the caller's waiters given a seat join the waiting as
+--   the caller's, see enrol in room.lua), with enrolid (their permit ids'
+--   stem) and ttl (their seats' lease ms)
 --
 -- Reply, name/value pairs: held (1 when the seat was still held, 0 when it
 -- was already lost), granted (tokens of the caller's channel given a seat),
 -- settled (those of them whose standby place went on), later (the tokens
 -- let out in their places, for them to bring back as they start),
--- woken (tokens let out), and with head '1', head and clear.
+-- enrolled (those of them that joined the waiting: token, permit id, seat
+-- member, arrival, ...), woken (tokens let out), and with head '1', head
+-- and clear.
 
 local a = args()
 local now, t = clock()
@@ -58,14 +63,20 @@ if a.settleown == '1' then
       settled[#settled + 1] = own[i]
     end
   end
-  if #settled > 0 then later = passOnPlaces(now, a.wake, true) end
+  if #settled > 0 then
+    -- A caller that enrols the tokens it lets out (enrol '1', with
+    -- enrolid and ttl: see Room.Enrol) makes them its waiters here.
+    enrolling = a.enrol == '1'
+    later = passOnPlaces(now, a.wake, true)
+    enrolling = false
+  end
 end
 if not seated and redis.call('EXISTS', KEYS[1]) == 0 then
   -- The last seat is back: the key idles, and its keys go with it (the
   -- next fence takes the server's clock for its floor, see nextFence).
   redis.call('DEL', KEYS[9])
 end
-local reply = {'held', held, 'now', now, 'granted', own, 'settled', settled, 'later', later, 'woken', woken, 'arrivals', arrivals}
+local reply = {'held', held, 'now', now, 'granted', own, 'settled', settled, 'later', later, 'enrolled', enrolled, 'woken', woken, 'arrivals', arrivals}
 if a.head == '1' then
   local head, clear = lineHead()
   reply[#reply + 1], reply[#reply + 2], reply[#reply + 3], reply[#reply + 4] = 'head', head, 'clear', clear

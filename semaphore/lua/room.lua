@@ -406,14 +406,22 @@ end
 -- seat, the caller's and others'. The arrivals the places of the caller's
 -- tokens given a seat were made with go in grantedPlace.
 local grantedPlace = {}
+-- lineLeft is set when grant saw a token that still waits in a process
+-- once it is done (one it passed over, or the one after the last it
+-- served): the waiting's keys are there, with their TTL (see enrol).
+local lineLeft = false
 local function grant(now, t, free, mine, prefix, key, before)
   local own = {}
   local given = 0
   local skipped = 0
   local blocked = false
   while free ~= 0 do
-    local first = redis.call('ZRANGE', KEYS[2], skipped, skipped, 'WITHSCORES')
-    if #first == 0 or (before and tonumber(first[2]) >= tonumber(before)) then break end
+    local first = redis.call('ZRANGE', KEYS[2], skipped, skipped + 1, 'WITHSCORES')
+    lineLeft = #first > 2 or skipped > 0
+    if #first == 0 or (before and tonumber(first[2]) >= tonumber(before)) then
+      if #first > 0 then lineLeft = true end
+      break
+    end
     local token = first[1]
     local info = redis.call('HGET', KEYS[3], token)
     local channel, id, ttl, capacity, seats, place, label
@@ -459,6 +467,7 @@ local function grant(now, t, free, mine, prefix, key, before)
         end
       elseif not seatsFree(now, free, seats, capacity) then
         blocked = true
+        lineLeft = true
         break
       else
         redis.call('ZREM', KEYS[2], token)
@@ -540,6 +549,36 @@ end
 -- keeps for their enter (see acquire.lua's placed).
 local arrivals = {}
 
+-- enrolling is set while admit lets tokens out for a caller that enrols
+-- them (release.lua's enrol): each joins the waiting at once, as the
+-- caller's waiter, in the place it is let out to, and its task, which the
+-- caller brings to a slot, stands by there without an enter of its own
+-- (see Room.Enrol). Its seat is one, of the caller's lease (given.ttl)
+-- and capacity, labelled with its token's text after its last NUL byte.
+-- enrolled names them: token, permit id, seat member, arrival, ...
+local enrolling = false
+local enrolled = {}
+
+-- enrol makes the token let out with arrival a waiter of the caller's
+-- process, with the n-th permit id of the call. Keys the waiting makes
+-- get their TTL, as an enter's do; keys that were there keep theirs, which
+-- the caller's process renews (it rechecks the key, and did lately: see
+-- Service.enrols). Whether they were there is known without a look when
+-- grant saw a token still waiting (lineLeft).
+local function enrol(token, arrival, n)
+  local id = given.enrolid .. '.' .. n
+  local label = string.match(token, '[^%z]*$')
+  local member = id
+  if label ~= '' then member = id .. '\n' .. label end
+  local made = n == 1 and not lineLeft and redis.call('EXISTS', KEYS[2]) == 0
+  redis.call('ZADD', KEYS[2], arrival, token)
+  redis.call('HSET', KEYS[3], token, given.channel .. '\t' .. id .. '\t' .. given.ttl .. '\t' .. given.capacity .. '\t1\t' .. arrival .. '\t' .. label)
+  if made then
+    for i = 2, 3 do redis.call('PEXPIRE', KEYS[i], given.keyttl) end
+  end
+  enrolled[#enrolled + 1], enrolled[#enrolled + 2], enrolled[#enrolled + 3], enrolled[#enrolled + 4] = token, id, member, arrival
+end
+
 -- admit gives standby places to the parked tokens that arrived first,
 -- while fewer than the budget (the standby budget, or the free seats when
 -- more) hold one, and returns them, and how many places there were before
@@ -547,7 +586,8 @@ local arrivals = {}
 -- a place that frees is let out for one command less, and a lapsed one is
 -- put back once the places fill (or taken up again if its task comes
 -- first). The places' keys get their TTL when admit makes them; noteRoom
--- renews it.
+-- renews it. A token let out for a caller that enrols it holds its place
+-- as from a slot (see enrol).
 local function admit(now, free)
   local before = redis.call('ZCARD', KEYS[6])
   if before == 0 and redis.call('EXISTS', KEYS[5]) == 0 then return {}, 0 end
@@ -568,9 +608,12 @@ local function admit(now, free)
   while standing < budget do
     local first = redis.call('ZPOPMIN', KEYS[5])
     if #first == 0 then break end
-    redis.call('ZADD', KEYS[6], now + transit, placeMember(first[1], first[2]))
+    local lease = transit
+    if enrolling then lease = tonumber(given.hold) end
+    redis.call('ZADD', KEYS[6], now + lease, placeMember(first[1], first[2]))
     standing = standing + 1
     out[#out + 1] = first[1]
+    if enrolling then enrol(first[1], first[2], #out) end
     arrivals[#arrivals + 1], arrivals[#arrivals + 2] = first[1], first[2]
   end
   -- (A room whose settings are gone, dropped as it emptied a moment

@@ -9,10 +9,11 @@
 --   was made with, see placeMember), wake, channel, prefix, key, fair ('1':
 --   the token entered with a share value, so it has a note of its real
 --   arrival to forget), and the room's budget, transit and keyttl (see
---   acquire.lua), which the call lets the next token out with
+--   acquire.lua), which the call lets the next token out with; enrol,
+--   enrolid, ttl and capacity (see release.lua)
 --
 -- Reply, name/value pairs: now, granted (always empty), woken (see
--- acquire.lua).
+-- acquire.lua), enrolled (see release.lua).
 
 local a = args()
 local now = clock()
@@ -28,5 +29,8 @@ if not redis.call('ZSCORE', KEYS[2], a.token) then
     left = true
   end
 end
+-- A caller that enrols the tokens it lets out (enrol '1', with enrolid,
+-- ttl and capacity: see release.lua) makes them its waiters.
+enrolling = a.enrol == '1'
 local woken = passOnPlaces(now, a.wake, left)
-return {'now', now, 'granted', {}, 'woken', woken, 'arrivals', arrivals}
+return {'now', now, 'granted', {}, 'woken', woken, 'arrivals', arrivals, 'enrolled', enrolled}

@@ -1,0 +1,253 @@
+package semaphore
+
+import (
+	"strings"
+	"time"
+)
+
+// Enrolment. A call that gives up the standby place of a task of this
+// process that starts on its seat (WithStartOnSeat) lets the next parked
+// token out in that place, for this process to bring its task to a slot:
+// the release that gives the task its seat (release.lua), or the task's
+// Settle when the seat came from another process (settle.lua). With
+// Room.Enrol, the same call makes that token a waiter of this process, in
+// its place in line (enrol in room.lua): its task then stands by without
+// an enter of its own, one script call and five commands less a task of a
+// full key. Until an Enter takes it up (adopt), the token waits here as an
+// enrolled waiter: a seat sent to it waits in its channel, and the recheck
+// loop names it like any waiter. When OnWake brings its task to its queue
+// rather than to a slot here (Unenrol), the token is in transit again, as
+// any token let out. One that no Enter takes up within enrolTimeout (its
+// task was deleted, or its queue paused) leaves as a task standing by
+// leaves, parked with its arrival, unless another process's task took it
+// up meanwhile (leave.lua's only); one given a seat first keeps it only
+// enrolSeatGrace.
+
+// enrolTimeout is how long an enrolled token waits for an Enter here: its
+// task is usually in a slot within milliseconds (OnWake claims it once the
+// task in whose place it was let out starts).
+const enrolTimeout = 2 * time.Second
+
+// enrolSeatGrace is how long an enrolled token given a seat before an
+// Enter took it up keeps the seat for its task: a task OnWake brought to a
+// slot here comes within milliseconds; one that went to another worker
+// (no slot was free here) does not, and the seat goes on.
+const enrolSeatGrace = 200 * time.Millisecond
+
+// enrols reports whether a call that lets tokens out in the place of req's
+// token enrols them (a release of its seat, or its Entry's Settle): req
+// entered a room that enrols (Room.Enrol) as a task that starts on its
+// seat, of one seat and no fair share, and this process stands by for its
+// key and renewed its presence there lately, so that the waiting keys are
+// there with their TTL, or made with one (see enrol in room.lua), and the
+// seats given to the enrolled tokens find this process present. A key
+// with Acquire waiters here hands seats over in memory (handover.go), and
+// enrols nothing.
+func (s *Service) enrols(req request) bool {
+	c := req.cfg
+	if c.room == nil || !c.room.Enrol || s.onWake == nil || !c.startsOnSeat || c.seats != 1 || c.share != "" || s.isClosed() {
+		return false
+	}
+	s.waits.mu.Lock()
+	defer s.waits.mu.Unlock()
+	kw := s.waits.keys[req.key]
+	return kw != nil && kw.looping && kw.acquires == 0 && !kw.presentAt.IsZero() && time.Since(kw.presentAt) < presenceTTL/3
+}
+
+// enrolArgs are the arguments that make a call for req enrol (with its
+// capacity, which a release names anyway).
+func enrolArgs(req request) []any {
+	return []any{"enrol", "1", "enrolid", randomID(), "ttl", req.cfg.ttl.Milliseconds()}
+}
+
+// enrolled registers the waiters a call for from enrolled (its reply's
+// "enrolled": token, permit id, seat member, arrival, ...), before the
+// seats the reply gives are handed on, so that a seat sent to one of them
+// finds it.
+func (s *Service) enrolled(from request, rep reply) {
+	e := rep.strings("enrolled")
+	for i := 0; i+3 < len(e); i += 4 {
+		req := from
+		req.started = time.Now()
+		_, req.cfg.holder, _ = strings.Cut(e[i+2], "\n")
+		req.cfg.waitTimeout, req.cfg.maxAttempts = 0, 0 // the Entry's Wait sets them
+		w := &waiter{req: req, token: e[i], id: e[i+1], member: e[i+2], seat: make(chan seatMsg, 1), failed: make(chan error, 1),
+			enrolled: true, place: e[i+3]}
+		w.expiry = time.AfterFunc(enrolTimeout, func() { s.unenrol(w) })
+		if !s.addEnrolled(w) {
+			s.unenrol(w)
+			continue
+		}
+		s.waitsHere(w)
+	}
+}
+
+// addEnrolled registers w, unless the Service closed or its token waits
+// here already, and hands it the seat sent to it before, if any.
+func (s *Service) addEnrolled(w *waiter) bool {
+	s.waits.mu.Lock()
+	wk := waitKey{w.req.key, w.token}
+	_, taken := s.waits.waiters[wk]
+	s.waits.mu.Unlock()
+	if taken || s.isClosed() {
+		return false
+	}
+	s.add(w)
+	s.waits.mu.Lock()
+	m, ok := s.waits.early[wk]
+	delete(s.waits.early, wk)
+	s.waits.mu.Unlock()
+	if ok && m.seat.member == w.member {
+		s.deliver(w.req.key, w.token, m.seat)
+	}
+	return true
+}
+
+// earlySeat is a seat sent to a token that no waiter here waited for, and
+// when it came.
+type earlySeat struct {
+	seat seatMsg
+	at   time.Time
+}
+
+// earlyFor is how long a seat sent to a token nobody here waits for is
+// kept for a waiter enrolled since (the reply that enrolled it is on its
+// way); earlyMax bounds the seats kept.
+const (
+	earlyFor = 5 * time.Second
+	earlyMax = 1000
+)
+
+// keepEarly keeps seat, sent to key's token, which no waiter here waits
+// for, for a while (see earlyFor).
+func (s *Service) keepEarly(key, token string, seat seatMsg) {
+	r := &s.waits
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if w := r.waiters[waitKey{key, token}]; w != nil {
+		return // it waits here (for another seat), or got its seat: not early
+	}
+	if r.early == nil {
+		r.early = map[waitKey]earlySeat{}
+	}
+	for wk, e := range r.early {
+		if time.Since(e.at) > earlyFor || len(r.early) >= earlyMax {
+			delete(r.early, wk)
+		}
+	}
+	r.early[waitKey{key, token}] = earlySeat{seat: seat, at: time.Now()}
+}
+
+// adopt takes up the enrolled waiter of token, for an Enter of key with
+// permits and cfg: nil when there is none, or when the Enter asks for
+// another seat than the waiter's (it then leaves, and the Enter enters as
+// usual).
+func (s *Service) adopt(key, token string, permits int, cfg acquireConfig) *waiter {
+	w := s.takeEnrolled(key, token)
+	if w == nil {
+		return nil
+	}
+	r := &s.waits
+	r.mu.Lock()
+	fits := sameSeat(w.req, permits, cfg)
+	if fits {
+		w.req.cfg, w.req.capacity, w.req.started = cfg, permits, time.Now()
+	}
+	r.mu.Unlock()
+	if !fits {
+		s.leaveEnrolled(w)
+		return nil
+	}
+	return w
+}
+
+// sameSeat reports whether an Enter with permits and cfg asks for the seat
+// an enrolled waiter of req waits for.
+func sameSeat(req request, permits int, cfg acquireConfig) bool {
+	c := req.cfg
+	return permits == req.capacity && cfg.holder == c.holder && cfg.ttl == c.ttl && cfg.autoRenew == c.autoRenew &&
+		cfg.seats == 1 && cfg.share == "" && cfg.startsOnSeat && cfg.room != nil && c.room != nil && *cfg.room == *c.room
+}
+
+// takeEnrolled returns the enrolled waiter of key's token, no longer
+// enrolled (nobody else takes it up, nor does it time out), or nil.
+func (s *Service) takeEnrolled(key, token string) *waiter {
+	r := &s.waits
+	r.mu.Lock()
+	w := r.waiters[waitKey{key, token}]
+	if w == nil || !w.enrolled {
+		r.mu.Unlock()
+		return nil
+	}
+	w.enrolled = false
+	r.mu.Unlock()
+	w.expiry.Stop()
+	return w
+}
+
+// unenrol makes w leave unless an Enter took it up.
+func (s *Service) unenrol(w *waiter) {
+	r := &s.waits
+	r.mu.Lock()
+	was := w.enrolled
+	w.enrolled = false
+	r.mu.Unlock()
+	if was {
+		s.leaveEnrolled(w)
+	}
+}
+
+// dropEnrolled makes the enrolled waiter of key's token leave, if there
+// is one: its task will not come for it (it is gone, or waits elsewhere).
+// It reports whether there was one.
+func (s *Service) dropEnrolled(key, token string) bool {
+	w := s.takeEnrolled(key, token)
+	if w != nil {
+		s.leaveEnrolled(w)
+	}
+	return w != nil
+}
+
+// Unenrol hands on token, let out of key's room, whose task OnWake brought
+// to its queue rather than to a slot here (any worker may take it): when a
+// release here enrolled it (Room.Enrol), it waits no longer as this
+// process's, and is in transit again, its place waiting the room's Transit
+// for its task, as for any token let out. Else it does nothing.
+func (s *Service) Unenrol(key, token string) {
+	w := s.takeEnrolled(key, token)
+	if w == nil {
+		return
+	}
+	s.giveUp(w, "transit", "only", "1", "arrival", w.place)
+	if later, settled := s.settledWith(w); settled {
+		s.woke(w.req.key, later)
+	}
+}
+
+// unenrolAll makes every enrolled waiter leave (the Service closes).
+func (s *Service) unenrolAll() {
+	r := &s.waits
+	r.mu.Lock()
+	var left []*waiter
+	for _, w := range r.waiters {
+		if w.enrolled {
+			w.enrolled = false
+			left = append(left, w)
+		}
+	}
+	r.mu.Unlock()
+	for _, w := range left {
+		w.expiry.Stop()
+		s.leaveEnrolled(w)
+	}
+}
+
+// leaveEnrolled takes w, which no Enter took up, out of the waiting: its
+// token parks with its arrival, a seat given to it goes back, and the
+// tokens let out in its place then are handed on.
+func (s *Service) leaveEnrolled(w *waiter) {
+	s.giveUp(w, "park", "only", "1", "arrival", w.place)
+	if later, settled := s.settledWith(w); settled {
+		s.woke(w.req.key, later)
+	}
+}

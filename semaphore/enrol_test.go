@@ -1,0 +1,165 @@
+package semaphore_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
+	"github.com/fleetcap/fleetcap/semaphore"
+)
+
+// enrolRoom is workerRoom(1) with enrolment on (Room.Enrol).
+func enrolRoom() semaphore.Room {
+	room := workerRoom(1)
+	room.Enrol = true
+	return room
+}
+
+// slotOf is token's slots entry in key's room ("" when it has none).
+func slotOf(t *testing.T, rdb *redis.Client, key, token string) string {
+	t.Helper()
+	slot, err := rdb.HGet(context.Background(), storeKey(key, "slots"), token).Result()
+	if err != nil && err != redis.Nil {
+		t.Fatal(err)
+	}
+	return slot
+}
+
+// enrolT2 has t0 hold key's one seat, t1 stand by and t2 park, all tasks
+// of s that start on their seat, then gives t0's seat back: t1 gets it,
+// its place goes on, and t2, let out in it, is enrolled. It returns t1's
+// Entry and seat.
+func enrolT2(t *testing.T, s *semaphore.Service, key string, room semaphore.Room) (*semaphore.Entry, *semaphore.Permit) {
+	t.Helper()
+	t0 := enter(t, s, key, 1, "t0", room, semaphore.WithStartOnSeat())
+	t1 := enter(t, s, key, 1, "t1", room, semaphore.WithStartOnSeat())
+	t2 := enter(t, s, key, 1, "t2", room, semaphore.WithStartOnSeat())
+	if t0.Permit == nil || !t1.Standby || t2.Permit != nil || t2.Standby {
+		t.Fatalf("t0 %v, t1 standby %v, t2 %v/%v: want a seat, a standby place and the room", t0.Permit, t1.Standby, t2.Permit, t2.Standby)
+	}
+	p := seatFrom(t, s, key, t1, t0.Permit)
+	if !s.Enrolled(key, "t2") {
+		t.Fatal("t2, let out in t1's place by the release that seated t1, is not enrolled")
+	}
+	return t1, p
+}
+
+// TestEnrolledTokenStandsByWithoutACall: with Room.Enrol, the release that
+// gives a task of its process its seat and its place on makes the token it
+// lets out in that place a waiter of its process: the token waits in line
+// with the process's slot, and its task, brought back as the seated task
+// settles, stands by with no store call of its own (its slot is the one
+// the release wrote). Its seat comes to it as to any task standing by,
+// labelled with its holder.
+func TestEnrolledTokenStandsByWithoutACall(t *testing.T) {
+	srv, s, woken, key := wokenService(t)
+	ctx, room, rdb := context.Background(), enrolRoom(), srv.Client()
+	t1, p1 := enrolT2(t, s, key, room)
+	if !inRoom(t, rdb, key, "waiting", "t2") {
+		t.Fatal("the enrolled t2 does not wait in line")
+	}
+	slot := slotOf(t, rdb, key, "t2")
+	if !strings.HasSuffix(slot, "\tt2") {
+		t.Fatalf("t2's slot %q, want it labelled t2", slot)
+	}
+	woken.none(t) // t2 comes back as t1 settles
+	if err := t1.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := woken.next(t); got != "t2" {
+		t.Fatalf("t1's settle brought %q back, want t2", got)
+	}
+	t2 := enter(t, s, key, 1, "t2", room, semaphore.WithStartOnSeat())
+	if !t2.Standby || !t2.HoldsPlace() || t2.Permit != nil {
+		t.Fatalf("t2 standby %v, place %v, seat %v: want it standing by in its place", t2.Standby, t2.HoldsPlace(), t2.Permit)
+	}
+	if s.Enrolled(key, "t2") {
+		t.Fatal("t2 is still enrolled once its task entered")
+	}
+	if got := slotOf(t, rdb, key, "t2"); got != slot {
+		t.Fatalf("t2's slot %q once its task entered, want the release's %q: the enter made a call", got, slot)
+	}
+	p2 := seatFrom(t, s, key, t2, p1)
+	defer func() { _ = p2.Release(ctx) }()
+	holders := rdb.ZRange(ctx, storeKey(key, "holders"), 0, -1).Val()
+	if len(holders) != 1 || !strings.HasSuffix(holders[0], "\nt2") {
+		t.Fatalf("holders %q once t2 has its seat, want one seat labelled t2", holders)
+	}
+}
+
+// TestEnrolledTokenNobodyTakesUpParksAgain: an enrolled token whose task
+// never comes for it (it was deleted, say) leaves the line within
+// enrolTimeout, as a task standing by leaves: parked with its arrival, its
+// place given on, here to itself again, first in line.
+func TestEnrolledTokenNobodyTakesUpParksAgain(t *testing.T) {
+	srv, s, woken, key := wokenService(t)
+	ctx, room, rdb := context.Background(), enrolRoom(), srv.Client()
+	_, p1 := enrolT2(t, s, key, room)
+	defer func() { _ = p1.Release(ctx) }()
+	_, arrival, _ := placeIn(t, rdb, key, "t2")
+	waitfor.Condition(t, 10*time.Second, "the enrolment of t2 ends", func() bool { return !s.Enrolled(key, "t2") })
+	if got := woken.next(t); got != "t2" {
+		t.Fatalf("let out %q once t2's enrolment ended, want t2 again", got)
+	}
+	if inRoom(t, rdb, key, "waiting", "t2") || slotOf(t, rdb, key, "t2") != "" {
+		t.Fatal("t2 still waits in line once its enrolment ended")
+	}
+	lapse, again, ok := placeIn(t, rdb, key, "t2")
+	if !ok || again != arrival {
+		t.Fatalf("t2's place %q (held %v), want it let out again with its arrival %q", again, ok, arrival)
+	}
+	if now := time.Now().UnixMilli(); lapse > float64(now+room.Transit.Milliseconds()+1000) {
+		t.Fatalf("t2's place lapses %.0f ms from now, want the room's transit", lapse-float64(now))
+	}
+}
+
+// TestUnenrolPutsTheTokenBackInTransit: a token whose task OnWake brought
+// to its queue rather than to a slot of the process that enrolled it
+// (Unenrol) waits in line no more, and holds its place for the room's
+// transit, as any token let out; its task stands by wherever it enters.
+func TestUnenrolPutsTheTokenBackInTransit(t *testing.T) {
+	srv, s, _, key := wokenService(t)
+	ctx, room, rdb := context.Background(), enrolRoom(), srv.Client()
+	_, p1 := enrolT2(t, s, key, room)
+	defer func() { _ = p1.Release(ctx) }()
+	s.Unenrol(key, "t2")
+	if s.Enrolled(key, "t2") || inRoom(t, rdb, key, "waiting", "t2") || slotOf(t, rdb, key, "t2") != "" {
+		t.Fatal("t2 still waits in line as the process's once unenrolled")
+	}
+	lapse, _, ok := placeIn(t, rdb, key, "t2")
+	if now := time.Now().UnixMilli(); !ok || lapse > float64(now+room.Transit.Milliseconds()+1000) {
+		t.Fatalf("t2's place held %v, lapsing %.0f ms from now: want it in transit", ok, lapse-float64(now))
+	}
+	elsewhere := newService(t, srv.Client())
+	if e := enter(t, elsewhere, key, 1, "t2", room, semaphore.WithStartOnSeat()); !e.Standby {
+		t.Fatal("t2's task does not stand by in another process once unenrolled")
+	}
+}
+
+// TestEnrolledTokenTakenUpElsewhereStaysThere: a token enrolled by one
+// process whose task another process's Enter takes up (no slot was free
+// in the first) waits as the other's; when the first's enrolment ends, it
+// leaves that wait alone, and the seat goes to the other's task.
+func TestEnrolledTokenTakenUpElsewhereStaysThere(t *testing.T) {
+	srv, s, _, key := wokenService(t)
+	ctx, room, rdb := context.Background(), enrolRoom(), srv.Client()
+	_, p1 := enrolT2(t, s, key, room)
+	elsewhere := newService(t, srv.Client())
+	t2 := enter(t, elsewhere, key, 1, "t2", room, semaphore.WithStartOnSeat())
+	if !t2.Standby {
+		t.Fatal("t2's task does not stand by in the other process")
+	}
+	slot := slotOf(t, rdb, key, "t2")
+	waitfor.Condition(t, 10*time.Second, "the first process's enrolment of t2 ends", func() bool { return !s.Enrolled(key, "t2") })
+	if got := slotOf(t, rdb, key, "t2"); got != slot || !inRoom(t, rdb, key, "waiting", "t2") {
+		t.Fatalf("t2's slot %q once the first process's enrolment ended, want the other's %q, in line", got, slot)
+	}
+	p2 := seatFrom(t, elsewhere, key, t2, p1)
+	if err := p2.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
