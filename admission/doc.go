@@ -31,8 +31,8 @@
 //     memory and moves with one call of handover.lua
 //     (semaphore/handover.go).
 //   - A cap that is full, tasks through the producer (S5, S10): about
-//     45 commands a task in all at 1 process, 45 to 46 at 5 and 20,
-//     asynq's included (about 11 of them: the enqueue, 4, and done, 7; no
+//     39 commands a task in all at 1 process, 41 at 5 and 20, asynq's
+//     included (about 11 of them: the enqueue, 4, and done, 7; no
 //     dequeue of its queue, see the wake-up below). Per task, inside
 //     each script call: the producer's park (3: the time, its arrival,
 //     and whether tokens are parked ahead of it; the room is told its
@@ -47,30 +47,29 @@
 //     and the moves from where it waits to the active list with its
 //     lease; asynqx.ServerClient.Claim), in place of wake.lua (5) and a
 //     dequeue of any worker (6), when it has a slot free: 95 tasks in
-//     100 at 1 process, 98 at 20; the enter of the woken task, standing
-//     by in its place (6: its place, renewed as it is looked for, since
-//     the process that let the token out knows its arrival from that
-//     call's reply; the live seats, counted without dropping lapsed
-//     leases first while the process's recheck waits for a lease expiry
-//     still to come, as none lapsed before it with one lease TTL on the
-//     key; its slot; and whether the slots' keys need their TTL; the
-//     process's presence is left to its recheck loop when that renewed
-//     it lately, the soonest lease expiry is asked for only when the
-//     process's recheck waits for none, and the room's settings only
-//     when the process did not tell it the same lately); and the
-//     release that hands its seat on (14: the seat, the next waiter,
-//     its fence, and the lapsed leases first unless, as for the enter,
-//     none lapsed and its own lease has over half its TTL to run; it
-//     does not ask whether anybody waits when a task of its process
-//     stood by lately; and, as a task of one cap and no rate limit
-//     starts as its seat comes, semaphore.WithStartOnSeat, the waiter's
-//     place, which keeps its arrival in its one member, and the next
-//     parked token let out for it, whom the waiter's
-//     Entry brings to a slot as it starts). A seat sent to another
-//     process leaves the place to that process's settle (6: the place,
-//     and the next parked token let out for it, by the room's settings
+//     100 at 1 process, 98 at 20; and the release that hands its seat
+//     on (16: the seat, the next waiter, its fence, and the lapsed
+//     leases first unless none lapsed, as the process's recheck waits
+//     for a lease expiry still to come with one lease TTL on the key,
+//     and its own lease has over half its TTL to run; it does not ask
+//     whether anybody waits when a task of its process stood by lately;
+//     and, as a task of one cap and no rate limit starts as its seat
+//     comes, semaphore.WithStartOnSeat, the waiter's place, which keeps
+//     its arrival in its one member, and the next parked token let out
+//     for it, whom the waiter's Entry brings to a slot as it starts).
+//     That token stands by as it is let out: the release makes it a
+//     waiter of its process, in line with its slot (semaphore.Room.Enrol:
+//     2 commands), so that its task, brought to that process's slot,
+//     stands by without a call of its own; only a task of a token let
+//     out for another process's slot, or brought to its queue for any
+//     worker (semaphore.Service.Unenrol), enters (6: its place, renewed
+//     as it is looked for; the live seats; its slot; whether the slots'
+//     keys need their TTL). A seat sent to another process leaves the
+//     place to that process's settle (8: the place, and the next parked
+//     token let out for it and enrolled there, by the room's settings
 //     its Entry brings; it frees no seat, so it counts none): in S5 at
-//     20 processes one release in four.
+//     20 processes one release in four, which is what a task costs
+//     more there.
 //   - A rate limit that is reached, tasks through the producer (S8):
 //     about 28 commands a task from the workers' start, 37 with the
 //     enqueue. The producer holds a backlog back in the limit's room

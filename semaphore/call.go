@@ -165,9 +165,15 @@ func (s *Service) passOn(key string, r reply, now time.Time) {
 		}
 		if s.deliver(key, granted[i], m) {
 			s.localHandOvers.Add(1)
-		} else if m.settled {
-			s.woke(key, m.later) // nobody waits for that seat: nothing to wait for
+			continue
 		}
+		if m.settled {
+			s.woke(key, m.later) // nobody waits for that seat: nothing to wait for
+			m.settled, m.later = false, nil
+		}
+		// A token enrolled by a call whose reply is not handed on yet
+		// takes it as it is registered (enrol.go).
+		s.keepEarly(key, granted[i], m)
 	}
 	s.woke(key, r.strings("woken"))
 	s.noteHead(key, r)

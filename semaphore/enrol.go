@@ -1,6 +1,7 @@
 package semaphore
 
 import (
+	"context"
 	"strings"
 	"time"
 )
@@ -19,9 +20,13 @@ import (
 // rather than to a slot here (Unenrol), the token is in transit again, as
 // any token let out. One that no Enter takes up within enrolTimeout (its
 // task was deleted, or its queue paused) leaves as a task standing by
-// leaves, parked with its arrival, unless another process's task took it
-// up meanwhile (leave.lua's only); one given a seat first keeps it only
-// enrolSeatGrace.
+// leaves, parked with its arrival, unless a task took it up meanwhile
+// with a seat of its own (leave.lua's only); one given a seat first keeps
+// it only enrolSeatGrace. A seat given to an enrolled token before the
+// reply that enrolled it is handed on (another call's reply, or a
+// message) is kept for it (keepEarly); an Enter of a token whose
+// enrolment is leaving waits for the leave (awaitLeave), so that the two
+// calls do not cross.
 
 // enrolTimeout is how long an enrolled token waits for an Enter here: its
 // task is usually in a slot within milliseconds (OnWake claims it once the
@@ -75,7 +80,11 @@ func (s *Service) enrolled(from request, rep reply) {
 			enrolled: true, place: e[i+3]}
 		w.expiry = time.AfterFunc(enrolTimeout, func() { s.unenrol(w) })
 		if !s.addEnrolled(w) {
-			s.unenrol(w)
+			// (Its token waits here already, or the Service closed: the
+			// enrolment leaves unless a wait took the token up since.)
+			w.expiry.Stop()
+			w.enrolled, w.inRoom = false, true
+			s.leaveEnrolled(w)
 			continue
 		}
 		s.waitsHere(w)
@@ -143,10 +152,11 @@ func (s *Service) keepEarly(key, token string, seat seatMsg) {
 // another seat than the waiter's (it then leaves, and the Enter enters as
 // usual).
 func (s *Service) adopt(key, token string, permits int, cfg acquireConfig) *waiter {
-	w := s.takeEnrolled(key, token)
+	w, done := s.takeEnrolled(key, token, nil)
 	if w == nil {
 		return nil
 	}
+	defer done()
 	r := &s.waits
 	r.mu.Lock()
 	fits := sameSeat(w.req, permits, cfg)
@@ -170,29 +180,56 @@ func sameSeat(req request, permits int, cfg acquireConfig) bool {
 }
 
 // takeEnrolled returns the enrolled waiter of key's token, no longer
-// enrolled (nobody else takes it up, nor does it time out), or nil.
-func (s *Service) takeEnrolled(key, token string) *waiter {
+// enrolled (nobody else takes it up, nor does it time out), or nil (also
+// when it is another than want, if want is not nil); until
+// its caller calls done, an Enter of the token waits (awaitLeave), so
+// that a leave of it (leave.lua) and an enter do not cross.
+func (s *Service) takeEnrolled(key, token string, want *waiter) (w *waiter, done func()) {
 	r := &s.waits
+	wk := waitKey{key, token}
 	r.mu.Lock()
-	w := r.waiters[waitKey{key, token}]
-	if w == nil || !w.enrolled {
+	w = r.waiters[wk]
+	if w == nil || !w.enrolled || (want != nil && w != want) {
 		r.mu.Unlock()
-		return nil
+		return nil, nil
 	}
 	w.enrolled = false
+	ch := make(chan struct{})
+	if r.leaving == nil {
+		r.leaving = map[waitKey]chan struct{}{}
+	}
+	r.leaving[wk] = ch
 	r.mu.Unlock()
 	w.expiry.Stop()
-	return w
+	return w, func() {
+		r.mu.Lock()
+		if r.leaving[wk] == ch {
+			delete(r.leaving, wk)
+		}
+		r.mu.Unlock()
+		close(ch)
+	}
+}
+
+// awaitLeave waits until no enrolled waiter of key's token is leaving.
+func (s *Service) awaitLeave(ctx context.Context, key, token string) {
+	r := &s.waits
+	r.mu.Lock()
+	ch := r.leaving[waitKey{key, token}]
+	r.mu.Unlock()
+	if ch == nil {
+		return
+	}
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	}
 }
 
 // unenrol makes w leave unless an Enter took it up.
 func (s *Service) unenrol(w *waiter) {
-	r := &s.waits
-	r.mu.Lock()
-	was := w.enrolled
-	w.enrolled = false
-	r.mu.Unlock()
-	if was {
+	if w, done := s.takeEnrolled(w.req.key, w.token, w); w != nil {
+		defer done()
 		s.leaveEnrolled(w)
 	}
 }
@@ -201,8 +238,9 @@ func (s *Service) unenrol(w *waiter) {
 // is one: its task will not come for it (it is gone, or waits elsewhere).
 // It reports whether there was one.
 func (s *Service) dropEnrolled(key, token string) bool {
-	w := s.takeEnrolled(key, token)
+	w, done := s.takeEnrolled(key, token, nil)
 	if w != nil {
+		defer done()
 		s.leaveEnrolled(w)
 	}
 	return w != nil
@@ -214,11 +252,12 @@ func (s *Service) dropEnrolled(key, token string) bool {
 // process's, and is in transit again, its place waiting the room's Transit
 // for its task, as for any token let out. Else it does nothing.
 func (s *Service) Unenrol(key, token string) {
-	w := s.takeEnrolled(key, token)
+	w, done := s.takeEnrolled(key, token, nil)
 	if w == nil {
 		return
 	}
-	s.giveUp(w, "transit", "only", "1", "arrival", w.place)
+	defer done()
+	s.giveUp(w, "transit", "only", "1", "id", w.id, "arrival", w.place)
 	if later, settled := s.settledWith(w); settled {
 		s.woke(w.req.key, later)
 	}
@@ -246,7 +285,7 @@ func (s *Service) unenrolAll() {
 // token parks with its arrival, a seat given to it goes back, and the
 // tokens let out in its place then are handed on.
 func (s *Service) leaveEnrolled(w *waiter) {
-	s.giveUp(w, "park", "only", "1", "arrival", w.place)
+	s.giveUp(w, "park", "only", "1", "id", w.id, "arrival", w.place)
 	if later, settled := s.settledWith(w); settled {
 		s.woke(w.req.key, later)
 	}

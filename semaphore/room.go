@@ -183,6 +183,7 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 		if s.isClosed() {
 			return nil, 0, &AcquisitionError{Key: key, Reason: ReasonShutdown, Err: ErrClosed}
 		}
+		s.awaitLeave(ctx, key, token)
 		if w := s.adopt(key, token, permits, cfg); w != nil {
 			// Its token waits already, enrolled by a release here.
 			e.w, e.Standby, e.holdsPlace, e.place = w, true, true, w.place

@@ -18,7 +18,11 @@
 // expiry. Work that waits outside any process (a job queue's tasks) waits
 // parked in the room instead (room.go): a fleet-wide budget of standby
 // places lets a few tasks wait in a slot for the next seat, and the others
-// are let out, first come first served, as places free.
+// are let out, first come first served, as places free. A token let out in
+// the place of a task of the same process that starts on its seat joins
+// the line at once on that process's behalf, so that its task stands by
+// as it reaches a slot there, with no call of its own (Room.Enrol,
+// enrol.go).
 //
 // The same line serves three more guarantees (SPEC §1.3, §2.10). A permit
 // of weight n (WithWeight) takes n seats, and a heavy waiter at the head

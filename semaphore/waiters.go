@@ -172,7 +172,9 @@ type waitRegistry struct {
 	// yet, lately: an enrolled token's seat may come before the reply of
 	// the call that enrolled it (see enrolled)
 	early map[waitKey]earlySeat
-	keys  map[string]*keyWaits
+	// leaving: the enrolled tokens whose leave is on its way (enrol.go)
+	leaving map[waitKey]chan struct{}
+	keys    map[string]*keyWaits
 
 	ps          *redis.PubSub // nil until subscribed
 	subscribing bool

@@ -15,8 +15,8 @@
 --   ('1': the token was enrolled by the caller's release and its task
 --   never came for it, see enrol in room.lua: the seat given to it goes
 --   back, and it parks, with arrival when nothing else of it is known,
---   only while it waits as the caller's or held that seat); how 'transit'
---   (with only) puts a token that waits as the caller's back in transit
+--   only while it waits with the enrolled seat, id, or held that seat);
+--   how 'transit' (with only) puts a token that waits so back in transit
 --   instead (its task went to its queue), and parks one given a seat
 --
 -- Reply, name/value pairs: returned (1 when the token's seat was given
@@ -30,12 +30,13 @@ local waited = redis.call('ZSCORE', KEYS[2], token)
 local returned = 0
 local others = false -- only: the token is not the caller's (any more)
 if a.only == '1' then
-  -- A seat given to it goes back, whoever took the token up since: the
-  -- task of another process that entered with it (its slot names that
-  -- process), or another way out of the waiting than the caller's seat.
+  -- A seat given to it goes back, whoever took the token up since: a
+  -- task that entered with it (its slot names another seat than the
+  -- enrolled one, id), or another way out of the waiting than that seat.
   returned = unhold(a.member, 1)
   if waited then
-    others = string.sub(redis.call('HGET', KEYS[3], token) or '', 1, #a.channel + 1) ~= a.channel .. '\t'
+    local mine = a.channel .. '\t' .. a.id .. '\t'
+    others = string.sub(redis.call('HGET', KEYS[3], token) or '', 1, #mine) ~= mine
   else
     others = returned == 0
   end
