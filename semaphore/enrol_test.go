@@ -66,12 +66,13 @@ func TestEnrolledTokenStandsByWithoutACall(t *testing.T) {
 	if !strings.HasSuffix(slot, "\tt2") {
 		t.Fatalf("t2's slot %q, want it labelled t2", slot)
 	}
-	woken.none(t) // t2 comes back as t1 settles
+	// t2 comes back as t1 settles (or at once, when a recheck of t1's
+	// line handed t1 its seat before the release's reply did).
 	if err := t1.Settle(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if got := woken.next(t); got != "t2" {
-		t.Fatalf("t1's settle brought %q back, want t2", got)
+		t.Fatalf("brought %q back, want t2", got)
 	}
 	t2 := enter(t, s, key, 1, "t2", room, semaphore.WithStartOnSeat())
 	if !t2.Standby || !t2.HoldsPlace() || t2.Permit != nil {
@@ -101,12 +102,14 @@ func TestEnrolledTokenNobodyTakesUpParksAgain(t *testing.T) {
 	_, p1 := enrolT2(t, s, key, room)
 	defer func() { _ = p1.Release(ctx) }()
 	_, arrival, _ := placeIn(t, rdb, key, "t2")
-	waitfor.Condition(t, 10*time.Second, "the enrolment of t2 ends", func() bool { return !s.Enrolled(key, "t2") })
+	waitfor.Condition(t, 10*time.Second, "t2's enrolment ends and t2 leaves the line", func() bool {
+		return !s.Enrolled(key, "t2") && !inRoom(t, rdb, key, "waiting", "t2")
+	})
 	if got := woken.next(t); got != "t2" {
-		t.Fatalf("let out %q once t2's enrolment ended, want t2 again", got)
+		t.Fatalf("let out %q, want t2", got)
 	}
-	if inRoom(t, rdb, key, "waiting", "t2") || slotOf(t, rdb, key, "t2") != "" {
-		t.Fatal("t2 still waits in line once its enrolment ended")
+	if slotOf(t, rdb, key, "t2") != "" {
+		t.Fatal("t2 keeps its slot once its enrolment ended")
 	}
 	lapse, again, ok := placeIn(t, rdb, key, "t2")
 	if !ok || again != arrival {
