@@ -101,7 +101,7 @@ func (k *Waker) bringCap(ctx context.Context, key, token string, again bool) {
 		func(ctx context.Context) error { return k.sem.Dismiss(ctx, key, token) },
 		func(ctx context.Context) error { return k.sem.StepAside(ctx, key, token) },
 		busy,
-		func(context.Context) error { k.sem.Unenrol(key, token); return nil })
+		func() { k.sem.Unenrol(key, token) })
 }
 
 // bring brings the task of token back to its queue (bringBack). When the
@@ -115,15 +115,13 @@ func (k *Waker) bringCap(ctx context.Context, key, token string, again bool) {
 // brought to its queue rather than to a slot here (queued, when not nil:
 // any worker may take it) keeps what the room handed it. Both rooms'
 // wake-ups go through it.
-func (k *Waker) bring(ctx context.Context, mark, token string, gone, paused, busy, queued func(context.Context) error) bool {
+func (k *Waker) bring(ctx context.Context, mark, token string, gone, paused, busy func(context.Context) error, queued func()) bool {
 	var err error
 	res, here := k.bringBack(ctx, mark, token)
 	switch res {
 	case asynqx.Woken:
 		if !here && queued != nil {
-			if err := queued(ctx); err != nil {
-				k.log.Warn("worker: hand on a task brought to its queue (it stands by wherever it runs, or comes back by itself)", "mark", mark, "err", err)
-			}
+			queued()
 		}
 		return false
 	case asynqx.Gone:

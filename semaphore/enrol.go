@@ -39,6 +39,14 @@ const enrolTimeout = 2 * time.Second
 // (no slot was free here) does not, and the seat goes on.
 const enrolSeatGrace = 200 * time.Millisecond
 
+// earlyFor is how long a seat sent to a token nobody here waits for is
+// kept for a waiter enrolled since (Service.early); earlyMax bounds the
+// seats kept.
+const (
+	earlyFor = 5 * time.Second
+	earlyMax = 1000
+)
+
 // enrols reports whether a call that lets tokens out in the place of req's
 // token enrols them (a release of its seat, or its Entry's Settle): req
 // entered a room that enrols (Room.Enrol) as a task that starts on its
@@ -94,41 +102,27 @@ func (s *Service) enrolled(from request, rep reply) {
 // addEnrolled registers w, unless the Service closed or its token waits
 // here already, and hands it the seat sent to it before, if any.
 func (s *Service) addEnrolled(w *waiter) bool {
-	s.waits.mu.Lock()
+	r := &s.waits
 	wk := waitKey{w.req.key, w.token}
-	_, taken := s.waits.waiters[wk]
-	s.waits.mu.Unlock()
+	r.mu.Lock()
+	_, taken := r.waiters[wk]
+	r.mu.Unlock()
 	if taken || s.isClosed() {
 		return false
 	}
 	s.add(w)
-	s.waits.mu.Lock()
-	m, ok := s.waits.early[wk]
-	delete(s.waits.early, wk)
-	s.waits.mu.Unlock()
-	if ok && m.seat.member == w.member {
-		s.deliver(w.req.key, w.token, m.seat)
+	r.mu.Lock()
+	m, ok := s.early.Take(letOutKey(w.req.key, w.token))
+	r.mu.Unlock()
+	if ok && m.member == w.member {
+		s.deliver(w.req.key, w.token, m)
 	}
 	return true
 }
 
-// earlySeat is a seat sent to a token that no waiter here waited for, and
-// when it came.
-type earlySeat struct {
-	seat seatMsg
-	at   time.Time
-}
-
-// earlyFor is how long a seat sent to a token nobody here waits for is
-// kept for a waiter enrolled since (the reply that enrolled it is on its
-// way); earlyMax bounds the seats kept.
-const (
-	earlyFor = 5 * time.Second
-	earlyMax = 1000
-)
-
 // keepEarly keeps seat, sent to key's token, which no waiter here waits
-// for, for a while (see earlyFor).
+// for, a while (Service.early), for a waiter enrolled since: the reply
+// that enrolled it may still be on its way.
 func (s *Service) keepEarly(key, token string, seat seatMsg) {
 	r := &s.waits
 	r.mu.Lock()
@@ -136,15 +130,7 @@ func (s *Service) keepEarly(key, token string, seat seatMsg) {
 	if w := r.waiters[waitKey{key, token}]; w != nil {
 		return // it waits here (for another seat), or got its seat: not early
 	}
-	if r.early == nil {
-		r.early = map[waitKey]earlySeat{}
-	}
-	for wk, e := range r.early {
-		if time.Since(e.at) > earlyFor || len(r.early) >= earlyMax {
-			delete(r.early, wk)
-		}
-	}
-	r.early[waitKey{key, token}] = earlySeat{seat: seat, at: time.Now()}
+	s.early.Note(letOutKey(key, token), seat)
 }
 
 // adopt takes up the enrolled waiter of token, for an Enter of key with
@@ -252,14 +238,9 @@ func (s *Service) dropEnrolled(key, token string) bool {
 // process's, and is in transit again, its place waiting the room's Transit
 // for its task, as for any token let out. Else it does nothing.
 func (s *Service) Unenrol(key, token string) {
-	w, done := s.takeEnrolled(key, token, nil)
-	if w == nil {
-		return
-	}
-	defer done()
-	s.giveUp(w, "transit", "only", "1", "id", w.id, "arrival", w.place)
-	if later, settled := s.settledWith(w); settled {
-		s.woke(w.req.key, later)
+	if w, done := s.takeEnrolled(key, token, nil); w != nil {
+		defer done()
+		s.leaveEnrolledAs(w, "transit")
 	}
 }
 
@@ -284,8 +265,12 @@ func (s *Service) unenrolAll() {
 // leaveEnrolled takes w, which no Enter took up, out of the waiting: its
 // token parks with its arrival, a seat given to it goes back, and the
 // tokens let out in its place then are handed on.
-func (s *Service) leaveEnrolled(w *waiter) {
-	s.giveUp(w, "park", "only", "1", "id", w.id, "arrival", w.place)
+func (s *Service) leaveEnrolled(w *waiter) { s.leaveEnrolledAs(w, "park") }
+
+// leaveEnrolledAs is leaveEnrolled, with how as leave.lua's (park, or
+// transit: see Unenrol).
+func (s *Service) leaveEnrolledAs(w *waiter, how string) {
+	s.giveUp(w, how, "only", "1", "id", w.id, "arrival", w.place)
 	if later, settled := s.settledWith(w); settled {
 		s.woke(w.req.key, later)
 	}

@@ -162,7 +162,11 @@ type Service struct {
 	// keys' rooms lately (by key and token, see letOutKey), for the enter
 	// of a token whose task comes to this process (see Enter)
 	letOut *lately.Notes[string]
-	clock  clockOffset
+	// early keeps, for a while, the seats sent to tokens that no waiter
+	// here waits for: an enrolled token's seat may come before the reply
+	// of the call that enrolled it (keepEarly)
+	early *lately.Notes[seatMsg]
+	clock clockOffset
 }
 
 // New returns a Service on rdb. It does not take ownership of rdb: Close
@@ -209,6 +213,7 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 		told:     &lately.Marks{For: time.Minute, Max: busyMax},
 		roomy:    newBusyKeys(),
 		letOut:   &lately.Notes[string]{For: time.Minute, Max: busyMax},
+		early:    &lately.Notes[seatMsg]{For: earlyFor, Max: earlyMax},
 	}, nil
 }
 

@@ -168,10 +168,6 @@ func (kw *keyWaits) presentBy(sent time.Time) {
 type waitRegistry struct {
 	mu      sync.Mutex
 	waiters map[waitKey]*waiter
-	// early holds the seats sent to tokens that no waiter here waits for
-	// yet, lately: an enrolled token's seat may come before the reply of
-	// the call that enrolled it (see enrolled)
-	early map[waitKey]earlySeat
 	// leaving: the enrolled tokens whose leave is on its way (enrol.go)
 	leaving map[waitKey]chan struct{}
 	keys    map[string]*keyWaits
