@@ -65,11 +65,11 @@
 //     worker (semaphore.Service.Unenrol), enters (6: its place, renewed
 //     as it is looked for; the live seats; its slot; whether the slots'
 //     keys need their TTL). A seat sent to another process leaves the
-//     place to that process's settle (8: the place, and the next parked
-//     token let out for it and enrolled there, by the room's settings
-//     its Entry brings; it frees no seat, so it counts none): in S5 at
-//     20 processes one release in four, which is what a task costs
-//     more there.
+//     place to that process's settle (9: the place, and the next parked
+//     token let out for it and enrolled there, with whether the line is
+//     there for its TTL, by the room's settings its Entry brings; it
+//     frees no seat, so it counts none): in S5 at 20 processes one
+//     release in four, which is what a task costs more there.
 //   - A rate limit that is reached, tasks through the producer (S8):
 //     about 28 commands a task from the workers' start, 37 with the
 //     enqueue. The producer holds a backlog back in the limit's room
