@@ -167,13 +167,13 @@ func (s *Service) passOn(key string, r reply, now time.Time) {
 			s.localHandOvers.Add(1)
 			continue
 		}
-		if m.settled {
-			s.woke(key, m.later) // nobody waits for that seat: nothing to wait for
-			m.settled, m.later = false, nil
-		}
 		// A token enrolled by a call whose reply is not handed on yet
-		// takes it as it is registered (enrol.go).
-		s.keepEarly(key, granted[i], m)
+		// takes it as it is registered (enrol.go), with the tokens let out
+		// in its place: they come back only as its task starts, as for
+		// any seat delivered.
+		if !s.keepEarly(key, granted[i], m) && m.settled {
+			s.woke(key, m.later) // nobody waits for that seat: nothing to wait for
+		}
 	}
 	s.woke(key, r.strings("woken"))
 	s.noteHead(key, r)

@@ -24,9 +24,10 @@ import (
 // with a seat of its own (leave.lua's only); one given a seat first keeps
 // it only enrolSeatGrace. A seat given to an enrolled token before the
 // reply that enrolled it is handed on (another call's reply, or a
-// message) is kept for it (keepEarly); an Enter of a token whose
-// enrolment is leaving waits for the leave (awaitLeave), so that the two
-// calls do not cross.
+// message) is kept for it (keepEarly), with the tokens let out in its
+// place, which come back as its task starts, as for any seat; an Enter of
+// a token whose enrolment is leaving waits for the leave (awaitLeave), so
+// that the two calls do not cross.
 
 // enrolTimeout is how long an enrolled token waits for an Enter here: its
 // task is usually in a slot within milliseconds (OnWake claims it once the
@@ -79,6 +80,9 @@ func enrolArgs(req request) []any {
 // finds it.
 func (s *Service) enrolled(from request, rep reply) {
 	e := rep.strings("enrolled")
+	if s.beforeEnrol != nil && len(e) > 0 {
+		s.beforeEnrol(e)
+	}
 	for i := 0; i+3 < len(e); i += 4 {
 		req := from
 		req.started = time.Now()
@@ -114,23 +118,50 @@ func (s *Service) addEnrolled(w *waiter) bool {
 	r.mu.Lock()
 	m, ok := s.early.Take(letOutKey(w.req.key, w.token))
 	r.mu.Unlock()
-	if ok && m.member == w.member {
+	switch {
+	case ok && m.member == w.member:
 		s.deliver(w.req.key, w.token, m)
+	case ok && m.settled:
+		s.woke(w.req.key, m.later) // the seat was another's: nothing to wait for
 	}
 	return true
 }
 
 // keepEarly keeps seat, sent to key's token, which no waiter here waits
 // for, a while (Service.early), for a waiter enrolled since: the reply
-// that enrolled it may still be on its way.
-func (s *Service) keepEarly(key, token string, seat seatMsg) {
+// that enrolled it may still be on its way. It reports whether it did. The
+// tokens let out in the token's place with the seat (seatMsg.later) come
+// back as its task starts; if no waiter took the seat up within
+// enrolTimeout (the enrolling reply was lost), they come back then.
+func (s *Service) keepEarly(key, token string, seat seatMsg) bool {
 	r := &s.waits
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if w := r.waiters[waitKey{key, token}]; w != nil {
-		return // it waits here (for another seat), or got its seat: not early
+		return false // it waits here (for another seat), or got its seat: not early
 	}
-	s.early.Note(letOutKey(key, token), seat)
+	k := letOutKey(key, token)
+	if !s.early.Note(k, seat) {
+		return false
+	}
+	if seat.settled && len(seat.later) > 0 {
+		time.AfterFunc(enrolTimeout, func() { s.earlyUntaken(key, k, seat) })
+	}
+	return true
+}
+
+// earlyUntaken hands on the tokens let out with seat, kept early under k,
+// if no waiter took the seat up.
+func (s *Service) earlyUntaken(key, k string, seat seatMsg) {
+	s.waits.mu.Lock()
+	defer s.waits.mu.Unlock()
+	m, ok := s.early.Take(k)
+	switch {
+	case ok && m.member != seat.member:
+		s.early.Note(k, m) // a later seat of the token: its own timer
+	case ok:
+		s.woke(key, seat.later)
+	}
 }
 
 // adopt takes up the enrolled waiter of token, for an Enter of key with

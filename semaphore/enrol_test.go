@@ -166,3 +166,83 @@ func TestEnrolledTokenTakenUpElsewhereStaysThere(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestEarlySeatKeepsItsWakesForTheStart: a seat given to an enrolled token
+// before the reply that enrolled it is handed on is kept for the token,
+// and so are the tokens let out in its place: they come back as its task
+// starts (Settle), not as the seat comes, so that a slot holding a task
+// that does not run never outnumbers the places (the task of the seated
+// token still comes to a slot).
+func TestEarlySeatKeepsItsWakesForTheStart(t *testing.T) {
+	srv, s, woken, key := wokenService(t)
+	ctx, room, rdb := context.Background(), enrolRoom(), srv.Client()
+	held, release := make(chan struct{}), make(chan struct{})
+	first := true
+	s.BeforeEnrol(func(enrolled []string) {
+		if first && enrolled[0] == "t2" {
+			first = false
+			close(held)
+			<-release // the reply that enrolled t2 waits
+		}
+	})
+	opt := semaphore.WithStartOnSeat()
+	ta, tb := enter(t, s, key, 2, "ta", room, opt), enter(t, s, key, 2, "tb", room, opt)
+	t1 := enter(t, s, key, 2, "t1", room, opt)
+	t2, t3 := enter(t, s, key, 2, "t2", room, opt), enter(t, s, key, 2, "t3", room, opt)
+	if ta.Permit == nil || tb.Permit == nil || !t1.Standby || t2.Standby || t3.Standby {
+		t.Fatal("want two seats taken, t1 standing by, t2 and t3 parked")
+	}
+	seat1 := make(chan *semaphore.Permit, 1)
+	report := reporter(t)
+	go func() {
+		p, err := t1.Wait(ctx, semaphore.WithWaitTimeout(10*time.Second))
+		report(err)
+		seat1 <- p
+	}()
+	waitfor.Condition(t, 5*time.Second, "t1 waits in line", func() bool { return s.LocalWaiters(key) == 1 })
+	go func() { report(ta.Permit.Release(ctx)) }() // t1's seat; t2 let out and enrolled in its place
+	select {
+	case <-held:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the release of ta's seat enrolled nobody")
+	}
+	// t2 waits in line by now, its enrolment not handed on: tb's seat
+	// goes to it, and t3 is let out in its place.
+	if err := tb.Permit.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	p1 := <-seat1
+	if p1 == nil {
+		t.FailNow()
+	}
+	defer func() { _ = p1.Release(ctx) }()
+	if err := t1.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := woken.next(t); got != "t2" {
+		t.Fatalf("brought %q back first, want t2 (t3 comes as t2's task starts)", got)
+	}
+	t2 = enter(t, s, key, 2, "t2", room, opt)
+	if !t2.Standby {
+		t.Fatal("t2's task does not take its enrolment up")
+	}
+	p2, err := t2.Wait(ctx, semaphore.WithWaitTimeout(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = p2.Release(ctx) }()
+	if got := t2.PendingWakes(); len(got) != 1 || got[0] != "t3" {
+		t.Fatalf("t2's seat came with %q to bring back as it starts, want t3", got)
+	}
+	woken.none(t)
+	if err := t2.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := woken.next(t); got != "t3" {
+		t.Fatalf("brought %q back as t2 started, want t3", got)
+	}
+	if !inRoom(t, rdb, key, "waiting", "t3") {
+		t.Fatal("t3 is not enrolled in line")
+	}
+}

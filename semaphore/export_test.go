@@ -86,3 +86,8 @@ func (s *Service) Enrolled(key, token string) bool {
 	w := s.waits.waiters[waitKey{key, token}]
 	return w != nil && w.enrolled
 }
+
+// BeforeEnrol has f run as each reply's enrolled tokens (token, permit
+// id, seat member, arrival, ...) are about to be registered, so that a
+// test can hold a reply back. Set it before s is used.
+func (s *Service) BeforeEnrol(f func(enrolled []string)) { s.beforeEnrol = f }

@@ -167,6 +167,9 @@ type Service struct {
 	// of the call that enrolled it (keepEarly)
 	early *lately.Notes[seatMsg]
 	clock clockOffset
+	// beforeEnrol, set by tests only, runs as a reply's enrolled tokens
+	// are about to be registered (enrolled), to delay that reply
+	beforeEnrol func(tokens []string)
 }
 
 // New returns a Service on rdb. It does not take ownership of rdb: Close

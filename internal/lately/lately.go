@@ -31,8 +31,9 @@ type note[V any] struct {
 // Marks is a set of keys marked within the last For, without values.
 type Marks = Notes[struct{}]
 
-// Note notes key with v now.
-func (m *Notes[V]) Note(key string, v V) {
+// Note notes key with v now. It reports whether it did (Max live notes
+// are kept already).
+func (m *Notes[V]) Note(key string, v V) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := time.Now()
@@ -42,10 +43,11 @@ func (m *Notes[V]) Note(key string, v V) {
 	if _, known := m.at[key]; !known && len(m.at) >= m.Max {
 		maps.DeleteFunc(m.at, func(_ string, n note[V]) bool { return now.Sub(n.at) > m.For })
 		if len(m.at) >= m.Max {
-			return
+			return false
 		}
 	}
 	m.at[key] = note[V]{v: v, at: now}
+	return true
 }
 
 // Mark notes key now, with V's zero value.
