@@ -237,6 +237,11 @@ func (s *Service) await(ctx context.Context, w *waiter, how string) (*Permit, in
 	}
 	select {
 	case m := <-w.seat:
+		if !m.settled && w.req.cfg.startsOnSeat {
+			// Noted before it leaves the registry, for keepEarly to see
+			// one or the other.
+			s.seatedAlone.Note(letOutKey(w.req.key, w.token), m.member)
+		}
 		s.remove(w)
 		return s.keepUnlessClosed(s.seated(w, m), s.attemptsOf(w))
 	case <-w.failed:

@@ -137,10 +137,13 @@ func (s *Service) keepEarly(key, token string, seat seatMsg) bool {
 	r := &s.waits
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	k := letOutKey(key, token)
 	if w := r.waiters[waitKey{key, token}]; w != nil {
 		return false // it waits here (for another seat), or got its seat: not early
 	}
-	k := letOutKey(key, token)
+	if member, ok := s.seatedAlone.Take(k); ok && member == seat.member {
+		return false // its task took the seat already (a recheck found it first)
+	}
 	if !s.early.Note(k, seat) {
 		return false
 	}

@@ -167,6 +167,41 @@ func TestEnrolledTokenTakenUpElsewhereStaysThere(t *testing.T) {
 	}
 }
 
+// holdEnrolment has the first reply of s that enrols want wait, before
+// its enrolled tokens are registered, until release is closed; held is
+// closed as it starts to wait.
+func holdEnrolment(s *semaphore.Service, want string) (held, release chan struct{}) {
+	held, release = make(chan struct{}), make(chan struct{})
+	first := true
+	s.BeforeEnrol(func(enrolled []string) {
+		if first && enrolled[0] == want {
+			first = false
+			close(held)
+			<-release
+		}
+	})
+	return held, release
+}
+
+// releaseHeld releases p in the background, and returns once the reply
+// that enrols is held (holdEnrolment's held), with a channel closed once
+// the release returned.
+func releaseHeld(t *testing.T, p *semaphore.Permit, held <-chan struct{}) <-chan struct{} {
+	t.Helper()
+	released := make(chan struct{})
+	report := reporter(t)
+	go func() {
+		report(p.Release(context.Background()))
+		close(released)
+	}()
+	select {
+	case <-held:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the release enrolled nobody")
+	}
+	return released
+}
+
 // TestEarlySeatKeepsItsWakesForTheStart: a seat given to an enrolled token
 // before the reply that enrolled it is handed on is kept for the token,
 // and so are the tokens let out in its place: they come back as its task
@@ -176,15 +211,7 @@ func TestEnrolledTokenTakenUpElsewhereStaysThere(t *testing.T) {
 func TestEarlySeatKeepsItsWakesForTheStart(t *testing.T) {
 	srv, s, woken, key := wokenService(t)
 	ctx, room, rdb := context.Background(), enrolRoom(), srv.Client()
-	held, release := make(chan struct{}), make(chan struct{})
-	first := true
-	s.BeforeEnrol(func(enrolled []string) {
-		if first && enrolled[0] == "t2" {
-			first = false
-			close(held)
-			<-release // the reply that enrolled t2 waits
-		}
-	})
+	held, release := holdEnrolment(s, "t2")
 	opt := semaphore.WithStartOnSeat()
 	ta, tb := enter(t, s, key, 2, "ta", room, opt), enter(t, s, key, 2, "tb", room, opt)
 	t1 := enter(t, s, key, 2, "t1", room, opt)
@@ -192,20 +219,8 @@ func TestEarlySeatKeepsItsWakesForTheStart(t *testing.T) {
 	if ta.Permit == nil || tb.Permit == nil || !t1.Standby || t2.Standby || t3.Standby {
 		t.Fatal("want two seats taken, t1 standing by, t2 and t3 parked")
 	}
-	seat1 := make(chan *semaphore.Permit, 1)
-	report := reporter(t)
-	go func() {
-		p, err := t1.Wait(ctx, semaphore.WithWaitTimeout(10*time.Second))
-		report(err)
-		seat1 <- p
-	}()
-	waitfor.Condition(t, 5*time.Second, "t1 waits in line", func() bool { return s.LocalWaiters(key) == 1 })
-	go func() { report(ta.Permit.Release(ctx)) }() // t1's seat; t2 let out and enrolled in its place
-	select {
-	case <-held:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the release of ta's seat enrolled nobody")
-	}
+	seat1 := waitInLine(t, s, key, t1)
+	releaseHeld(t, ta.Permit, held) // t1's seat; t2 let out and enrolled in its place
 	// t2 waits in line by now, its enrolment not handed on: tb's seat
 	// goes to it, and t3 is let out in its place.
 	if err := tb.Permit.Release(ctx); err != nil {
@@ -244,5 +259,40 @@ func TestEarlySeatKeepsItsWakesForTheStart(t *testing.T) {
 	}
 	if !inRoom(t, rdb, key, "waiting", "t3") {
 		t.Fatal("t3 is not enrolled in line")
+	}
+}
+
+// TestSeatFoundByARecheckFirstWakesAtOnce: when a recheck hands a task
+// standing by the seat a release gave it before the release's reply is
+// handed on, the task starts without the tokens let out in its place; the
+// reply brings them back at once rather than keeping the seat for an
+// enrolment that will never come.
+func TestSeatFoundByARecheckFirstWakesAtOnce(t *testing.T) {
+	_, s, woken, key := wokenService(t)
+	ctx, room := context.Background(), enrolRoom()
+	held, release := holdEnrolment(s, "t2")
+	opt := semaphore.WithStartOnSeat()
+	t0, t1, t2 := enter(t, s, key, 1, "t0", room, opt), enter(t, s, key, 1, "t1", room, opt), enter(t, s, key, 1, "t2", room, opt)
+	if t0.Permit == nil || !t1.Standby || t2.Standby {
+		t.Fatal("want t0 seated, t1 standing by, t2 parked")
+	}
+	seat1 := waitInLine(t, s, key, t1)
+	released := releaseHeld(t, t0.Permit, held) // t1's seat; t2 let out and enrolled in its place
+	s.MissSeats(key)
+	p1 := <-seat1 // the recheck finds it (or the wait fails in 10 s)
+	if p1 == nil {
+		t.FailNow()
+	}
+	defer func() { _ = p1.Release(ctx) }()
+	if got := t1.PendingWakes(); len(got) != 0 {
+		t.Fatalf("t1's seat, found by the recheck, came with %q to bring back", got)
+	}
+	close(release)
+	<-released
+	if s.KeptEarly(key, "t1") {
+		t.Fatal("the release's reply kept t1's seat for an enrolment of t1")
+	}
+	if got := woken.next(t); got != "t2" {
+		t.Fatalf("brought %q back, want t2", got)
 	}
 }

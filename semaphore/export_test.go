@@ -91,3 +91,21 @@ func (s *Service) Enrolled(key, token string) bool {
 // id, seat member, arrival, ...) are about to be registered, so that a
 // test can hold a reply back. Set it before s is used.
 func (s *Service) BeforeEnrol(f func(enrolled []string)) { s.beforeEnrol = f }
+
+// MissSeats has the recheck loop of key's waiters in s ask for the seats
+// given to them now, as it does once the subscription was down.
+func (s *Service) MissSeats(key string) {
+	s.waits.mu.Lock()
+	defer s.waits.mu.Unlock()
+	if kw := s.waits.keys[key]; kw != nil {
+		kw.missed = true
+		select {
+		case kw.nudge <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// KeptEarly reports whether s keeps a seat of key's token for a waiter
+// enrolled later (keepEarly).
+func (s *Service) KeptEarly(key, token string) bool { return s.early.Recent(letOutKey(key, token)) }

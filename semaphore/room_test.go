@@ -132,14 +132,7 @@ func wokenService(t *testing.T) (*redistest.Server, *semaphore.Service, wakeLog,
 // holder gives back, and returns it.
 func seatFrom(t *testing.T, s *semaphore.Service, key string, e *semaphore.Entry, holder *semaphore.Permit) *semaphore.Permit {
 	t.Helper()
-	got := make(chan *semaphore.Permit, 1)
-	report := reporter(t)
-	go func() {
-		p, err := e.Wait(context.Background(), semaphore.WithWaitTimeout(5*time.Second))
-		report(err)
-		got <- p
-	}()
-	waitfor.Condition(t, 5*time.Second, "the entry waits in line", func() bool { return s.LocalWaiters(key) == 1 })
+	got := waitInLine(t, s, key, e)
 	if err := holder.Release(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -148,6 +141,22 @@ func seatFrom(t *testing.T, s *semaphore.Service, key string, e *semaphore.Entry
 		t.FailNow()
 	}
 	return p
+}
+
+// waitInLine has e Wait for its seat in the background, and returns once
+// it waits in line (alone in s), with the channel its seat comes on (nil
+// when the wait failed, which the test is told).
+func waitInLine(t *testing.T, s *semaphore.Service, key string, e *semaphore.Entry) <-chan *semaphore.Permit {
+	t.Helper()
+	seat := make(chan *semaphore.Permit, 1)
+	report := reporter(t)
+	go func() {
+		p, err := e.Wait(context.Background(), semaphore.WithWaitTimeout(10*time.Second))
+		report(err)
+		seat <- p
+	}()
+	waitfor.Condition(t, 5*time.Second, "the entry waits in line", func() bool { return s.LocalWaiters(key) == 1 })
+	return seat
 }
 
 // TestRoomLetsOutInArrivalOrder: tasks that find no seat stand by while

@@ -166,7 +166,12 @@ type Service struct {
 	// here waits for: an enrolled token's seat may come before the reply
 	// of the call that enrolled it (keepEarly)
 	early *lately.Notes[seatMsg]
-	clock clockOffset
+	// seatedAlone keeps, for a while, the seats that tasks standing by
+	// here took without their places given on with them (a recheck found
+	// the seat first, or it came from another process): a release's reply
+	// that gave such a seat is not early (keepEarly)
+	seatedAlone *lately.Notes[string]
+	clock       clockOffset
 	// beforeEnrol, set by tests only, runs as a reply's enrolled tokens
 	// are about to be registered (enrolled), to delay that reply
 	beforeEnrol func(tokens []string)
@@ -199,24 +204,25 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 		opts.TracerProvider = otel.GetTracerProvider()
 	}
 	return &Service{
-		rdb:      rdb,
-		batch:    newBatchers(rdb),
-		prefix:   opts.Prefix,
-		ttl:      opts.DefaultTTL,
-		log:      opts.Logger,
-		tracer:   opts.TracerProvider.Tracer("github.com/fleetcap/fleetcap/semaphore"),
-		obs:      opts.Observer,
-		onWake:   opts.OnWake,
-		id:       randomID(),
-		closed:   make(chan struct{}),
-		renewing: make(map[*Permit]struct{}),
-		waits:    newWaitRegistry(),
-		spare:    spareSeats{max: opts.SpareSeats, open: map[string]*spareBlock{}},
-		busy:     newBusyKeys(),
-		told:     &lately.Marks{For: time.Minute, Max: busyMax},
-		roomy:    newBusyKeys(),
-		letOut:   &lately.Notes[string]{For: time.Minute, Max: busyMax},
-		early:    &lately.Notes[seatMsg]{For: earlyFor, Max: earlyMax},
+		rdb:         rdb,
+		batch:       newBatchers(rdb),
+		prefix:      opts.Prefix,
+		ttl:         opts.DefaultTTL,
+		log:         opts.Logger,
+		tracer:      opts.TracerProvider.Tracer("github.com/fleetcap/fleetcap/semaphore"),
+		obs:         opts.Observer,
+		onWake:      opts.OnWake,
+		id:          randomID(),
+		closed:      make(chan struct{}),
+		renewing:    make(map[*Permit]struct{}),
+		waits:       newWaitRegistry(),
+		spare:       spareSeats{max: opts.SpareSeats, open: map[string]*spareBlock{}},
+		busy:        newBusyKeys(),
+		told:        &lately.Marks{For: time.Minute, Max: busyMax},
+		roomy:       newBusyKeys(),
+		letOut:      &lately.Notes[string]{For: time.Minute, Max: busyMax},
+		early:       &lately.Notes[seatMsg]{For: earlyFor, Max: earlyMax},
+		seatedAlone: &lately.Notes[string]{For: earlyFor, Max: earlyMax},
 	}, nil
 }
 
