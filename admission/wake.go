@@ -101,7 +101,7 @@ func (k *Waker) bringCap(ctx context.Context, key, token string, again bool) {
 		func(ctx context.Context) error { return k.sem.Dismiss(ctx, key, token) },
 		func(ctx context.Context) error { return k.sem.StepAside(ctx, key, token) },
 		busy,
-		func() { k.sem.Unenrol(key, token) })
+		func() bool { return k.sem.Unenrol(key, token) })
 }
 
 // bring brings the task of token back to its queue (bringBack). When the
@@ -112,17 +112,18 @@ func (k *Waker) bringCap(ctx context.Context, key, token string, again bool) {
 // also keeps the token's arrival for when the queue resumes; busy, when
 // the task is still in a worker's hands (nil: what the room handed it
 // lapses back by itself). It reports whether it gave it back. A task
-// brought to its queue rather than to a slot here (queued, when not nil:
-// any worker may take it) keeps what the room handed it. Both rooms'
-// wake-ups go through it.
-func (k *Waker) bring(ctx context.Context, mark, token string, gone, paused, busy func(context.Context) error, queued func()) bool {
+// brought to its queue rather than to a slot here (any worker may take it)
+// keeps what the room handed it; before it is, stay (when not nil) may
+// send its token back to the room, and the task then stays where it waits
+// (see bringBack). Both rooms' wake-ups go through it.
+func (k *Waker) bring(ctx context.Context, mark, token string, gone, paused, busy func(context.Context) error, stay func() bool) bool {
 	var err error
-	res, here := k.bringBack(ctx, mark, token)
+	res, stayed := k.bringBack(ctx, mark, token, stay)
+	if stayed {
+		return false
+	}
 	switch res {
 	case asynqx.Woken:
-		if !here && queued != nil {
-			queued()
-		}
 		return false
 	case asynqx.Gone:
 		err = gone(ctx)
@@ -143,22 +144,28 @@ func (k *Waker) bring(ctx context.Context, mark, token string, gone, paused, bus
 	return true
 }
 
-// bringBack moves the task of token to the dequeuing end of its queue, or
-// into a slot of this worker (see SetServer; here), and says what it found
-// (see asynqx.Wake; mark is the start of the message it waits with). A task
-// that is still in its handler (parking itself) is asked for again, 1 ms
-// later, then 2, 4 and 8 ms apart, for 200 ms; if it is still there, or
-// Redis fails, Busy: its place lapses back to the room, keeping its
-// arrival.
-func (k *Waker) bringBack(ctx context.Context, mark, token string) (res asynqx.WakeResult, here bool) {
+// bringBack moves the task of token into a slot of this worker (see
+// SetServer), or else to the dequeuing end of its queue, and says what it
+// found (see asynqx.Wake; mark is the start of the message it waits
+// with). When no slot here takes it, stay (when not nil) is asked first
+// whether it should stay where it waits instead (stayed: its token went
+// back to the room). A task that is still in its handler (parking itself)
+// is asked for again, 1 ms later, then 2, 4 and 8 ms apart, for 200 ms; if
+// it is still there, or Redis fails, Busy: its place lapses back to the
+// room, keeping its arrival.
+func (k *Waker) bringBack(ctx context.Context, mark, token string, stay func() bool) (res asynqx.WakeResult, stayed bool) {
 	t, err := ParseToken(token)
 	if err != nil {
 		return asynqx.Gone, false
 	}
 	if k.server != nil {
 		if res, ok := k.server.Claim(t.Queue, t.ID, mark, WaitsForHeader); ok && res != asynqx.Busy {
-			return res, true
+			return res, false
 		}
+	}
+	if stay != nil && stay() {
+		stayed = true
+		return
 	}
 	deadline := time.Now().Add(200 * time.Millisecond)
 	for pause := time.Millisecond; ; pause = min(2*pause, 8*time.Millisecond) {

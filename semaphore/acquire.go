@@ -284,18 +284,19 @@ func (s *Service) abandon(w *waiter, how string, reason Reason, cause error) err
 }
 
 // giveUp takes w out of the room (how: see leave.lua); a seat given to it
-// meanwhile is given back in the same call.
-func (s *Service) giveUp(w *waiter, how string, extra ...any) {
+// meanwhile is given back in the same call, and giveUp reports whether
+// one was.
+func (s *Service) giveUp(w *waiter, how string, extra ...any) (returned bool) {
 	s.waits.mu.Lock()
 	if how == "drop" && s.waits.handOn(w) {
 		s.waits.mu.Unlock()
-		return // a waiter behind it took its token (behind.go)
+		return false // a waiter behind it took its token (behind.go)
 	}
 	promote := s.waits.removeLocked(w)
 	s.waits.mu.Unlock()
 	s.removed(w, promote)
 	if !s.inRoom(w) {
-		return // it waited behind: nothing of it is in the room
+		return false // it waited behind: nothing of it is in the room
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
@@ -304,9 +305,11 @@ func (s *Service) giveUp(w *waiter, how string, extra ...any) {
 	rep, err := s.runNamed(ctx, leaveScript, w.req.k, s.settleArgs(w.req.key, args...)...)
 	if err != nil {
 		s.log.Warn("semaphore: leave the waiting room (the entry lapses by itself)", "key", w.req.key, "err", err)
-		return
+		return false
 	}
 	s.passOn(w.req.key, rep, time.Time{})
+	n, _ := rep.int("returned")
+	return n == 1
 }
 
 // keepUnlessClosed hands p to the caller, unless the Service was closed

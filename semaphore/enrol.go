@@ -266,16 +266,21 @@ func (s *Service) dropEnrolled(key, token string) bool {
 	return w != nil
 }
 
-// Unenrol hands on token, let out of key's room, whose task OnWake brought
-// to its queue rather than to a slot here (any worker may take it): when a
-// release here enrolled it (Room.Enrol), it waits no longer as this
-// process's, and is in transit again, its place waiting the room's Transit
-// for its task, as for any token let out. Else it does nothing.
-func (s *Service) Unenrol(key, token string) {
+// Unenrol hands on token, let out of key's room, whose task OnWake found
+// no slot for here, before it brings the task to its queue (for any
+// worker): when a release here enrolled it (Room.Enrol), it waits no
+// longer as this process's. One given its seat meanwhile gave its place on
+// with it: its seat goes back, the token parks again with its arrival,
+// first in line, and Unenrol reports true: its task should stay where it
+// waits, to come back with the next seat or place (in its queue it would
+// find neither). Any other is in transit again, its place waiting the
+// room's Transit for its task, as for any token let out.
+func (s *Service) Unenrol(key, token string) (parked bool) {
 	if w, done := s.takeEnrolled(key, token, nil); w != nil {
 		defer done()
-		s.leaveEnrolledAs(w, "transit")
+		return s.leaveEnrolledAs(w, "transit")
 	}
+	return false
 }
 
 // unenrolAll makes every enrolled waiter leave (the Service closes).
@@ -302,10 +307,12 @@ func (s *Service) unenrolAll() {
 func (s *Service) leaveEnrolled(w *waiter) { s.leaveEnrolledAs(w, "park") }
 
 // leaveEnrolledAs is leaveEnrolled, with how as leave.lua's (park, or
-// transit: see Unenrol).
-func (s *Service) leaveEnrolledAs(w *waiter, how string) {
-	s.giveUp(w, how, "only", "1", "id", w.id, "arrival", w.place)
+// transit: see Unenrol). It reports whether the seat given to w went back
+// (the token parked, unless a task took it up elsewhere).
+func (s *Service) leaveEnrolledAs(w *waiter, how string) bool {
+	returned := s.giveUp(w, how, "only", "1", "id", w.id, "arrival", w.place)
 	if later, settled := s.settledWith(w); settled {
 		s.woke(w.req.key, later)
 	}
+	return returned
 }

@@ -2,6 +2,7 @@ package semaphore_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -294,5 +295,44 @@ func TestSeatFoundByARecheckFirstWakesAtOnce(t *testing.T) {
 	}
 	if got := woken.next(t); got != "t2" {
 		t.Fatalf("brought %q back, want t2", got)
+	}
+}
+
+// TestUnenrolSeatedTokenParksFirst: an enrolled token given its seat
+// before its task came gave its place on with the seat; when its task
+// finds no slot here (Unenrol), the seat goes back, to the next in line,
+// and the token parks again with its arrival, first in line, and Unenrol
+// says so: its task stays where it waits rather than go to its queue
+// without a place.
+func TestUnenrolSeatedTokenParksFirst(t *testing.T) {
+	srv, s, _, key := wokenService(t)
+	ctx, room, rdb := context.Background(), enrolRoom(), srv.Client()
+	_, p1 := enrolT2(t, s, key, room)
+	if t3 := enter(t, s, key, 1, "t3", room, semaphore.WithStartOnSeat()); t3.Standby || t3.Permit != nil {
+		t.Fatal("t3 does not park behind the enrolled t2")
+	}
+	// The seat goes to the enrolled t2, and t2's place to t3, enrolled.
+	if err := p1.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	holder := func() string {
+		holders := rdb.ZRange(ctx, storeKey(key, "holders"), 0, -1).Val()
+		if len(holders) != 1 {
+			return fmt.Sprint(holders)
+		}
+		_, label, _ := strings.Cut(holders[0], "\n")
+		return label
+	}
+	waitfor.Condition(t, 5*time.Second, "t2 holds the seat and t3 is enrolled", func() bool {
+		return holder() == "t2" && s.Enrolled(key, "t3")
+	})
+	if !s.Unenrol(key, "t2") {
+		t.Fatal("Unenrol of t2, seated, does not say its token parked")
+	}
+	if got := holder(); got != "t3" {
+		t.Fatalf("the seat is held by %s once t2 was unenrolled, want t3, next in line", got)
+	}
+	if !inRoom(t, rdb, key, "parked", "t2") || s.Enrolled(key, "t2") {
+		t.Fatal("t2 is not parked again once unenrolled with its seat")
 	}
 }
