@@ -68,8 +68,9 @@
 //     place to that process's settle (9: the place, and the next parked
 //     token let out for it and enrolled there, with whether the line is
 //     there for its TTL, by the room's settings its Entry brings; it
-//     frees no seat, so it counts none): in S5 at 20 processes one
-//     release in four, which is what a task costs more there.
+//     frees no seat, so it counts none): in S5 at 20 processes about
+//     one release in nine (its PUBLISHes), which, with each worker's
+//     sweep of the room once a second, is what a task costs more there.
 //   - A rate limit that is reached, tasks through the producer (S8):
 //     about 28 commands a task from the workers' start, 37 with the
 //     enqueue. The producer holds a backlog back in the limit's room
