@@ -237,9 +237,10 @@ func (s *Service) await(ctx context.Context, w *waiter, how string) (*Permit, in
 	}
 	select {
 	case m := <-w.seat:
-		if !m.settled && w.req.cfg.startsOnSeat {
-			// Noted before it leaves the registry, for keepEarly to see
-			// one or the other.
+		if m.rechecked && w.req.cfg.startsOnSeat {
+			// The release that gave it may still hand it on: noted before
+			// the waiter leaves the registry, for keepEarly to see one or
+			// the other.
 			s.seatedAlone.Note(letOutKey(w.req.key, w.token), m.member)
 		}
 		s.remove(w)

@@ -142,7 +142,11 @@ func (s *Service) settleArgs(key string, extra ...any) []any {
 // seats for its own waiters ("granted": token, member, fence triples), in memory,
 // and the tokens let out of the room ("woken"), to Options.OnWake. now is
 // the server time of the call ("now" of the reply when zero).
-func (s *Service) passOn(key string, r reply, now time.Time) {
+func (s *Service) passOn(key string, r reply, now time.Time) { s.passOnFrom(key, r, now, false) }
+
+// passOnFrom is passOn; recheck says the call was a recheck, whose grants
+// may be seats another call gave, reported again (seatMsg.rechecked).
+func (s *Service) passOnFrom(key string, r reply, now time.Time, recheck bool) {
 	if ms, err := r.int("now"); now.IsZero() && err == nil {
 		now = time.UnixMilli(ms)
 	}
@@ -159,7 +163,7 @@ func (s *Service) passOn(key string, r reply, now time.Time) {
 			s.log.Error("semaphore: a grant's fence this build cannot read; the waiter rechecks for it", "key", key, "fence", granted[i+2], "err", err)
 			continue
 		}
-		m := seatMsg{member: granted[i+1], fence: fence, now: now}
+		m := seatMsg{member: granted[i+1], fence: fence, now: now, rechecked: recheck}
 		if j := slices.Index(settled, granted[i]); j >= 0 {
 			m.settled, m.later = true, laterOf(later, j, len(settled))
 		}

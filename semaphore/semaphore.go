@@ -167,9 +167,8 @@ type Service struct {
 	// of the call that enrolled it (keepEarly)
 	early *lately.Notes[seatMsg]
 	// seatedAlone keeps, for a while, the seats that tasks standing by
-	// here took without their places given on with them (a recheck found
-	// the seat first, or it came from another process): a release's reply
-	// that gave such a seat is not early (keepEarly)
+	// here took as a recheck found them: a release's reply that gave such
+	// a seat, handed on after, is not early (keepEarly)
 	seatedAlone *lately.Notes[string]
 	clock       clockOffset
 	// beforeEnrol, set by tests only, runs as a reply's enrolled tokens

@@ -48,6 +48,9 @@ type seatMsg struct {
 	// out the tokens of later in its place (see WithStartOnSeat)
 	settled bool
 	later   []string
+	// rechecked: a recheck handed it on (see passOnFrom); the reply of
+	// the call that gave it may still come
+	rechecked bool
 }
 
 // waiter is one wait of this Service for a seat of key.
@@ -457,7 +460,7 @@ func (s *Service) afterRecheck(key string, kw *keyWaits, rep reply, sent time.Ti
 		return err
 	}
 	s.clock.observeMillis(now, sent, time.Now())
-	s.passOn(key, rep, time.UnixMilli(now))
+	s.passOnFrom(key, rep, time.UnixMilli(now), true)
 	s.rejoin(key, rep.strings("lost"))
 	r := &s.waits
 	r.mu.Lock()
