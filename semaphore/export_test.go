@@ -93,17 +93,40 @@ func (s *Service) Enrolled(key, token string) bool {
 func (s *Service) BeforeEnrol(f func(enrolled []string)) { s.beforeEnrol = f }
 
 // MissSeats has the recheck loop of key's waiters in s ask for the seats
-// given to them now, as it does once the subscription was down.
+// given to them now, as it does once the subscription was down (which it
+// counts as a change of the subscription, so that the reply of a recheck
+// sent before does not clear it).
 func (s *Service) MissSeats(key string) {
+	s.waits.mu.Lock()
+	s.waits.subSeq++
+	if kw := s.waits.keys[key]; kw != nil {
+		kw.missed = true
+	}
+	s.waits.mu.Unlock()
+	s.NudgeRecheck(key)
+}
+
+// NudgeRecheck has the recheck loop of key's waiters in s look now.
+func (s *Service) NudgeRecheck(key string) {
 	s.waits.mu.Lock()
 	defer s.waits.mu.Unlock()
 	if kw := s.waits.keys[key]; kw != nil {
-		kw.missed = true
 		select {
 		case kw.nudge <- struct{}{}:
 		default:
 		}
 	}
+}
+
+// PresentAt is when the last call that renewed s's presence in key's room
+// was sent (zero when none is known).
+func (s *Service) PresentAt(key string) time.Time {
+	s.waits.mu.Lock()
+	defer s.waits.mu.Unlock()
+	if kw := s.waits.keys[key]; kw != nil {
+		return kw.presentAt
+	}
+	return time.Time{}
 }
 
 // KeptEarly reports whether s keeps a seat of key's token for a waiter
