@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -208,4 +209,76 @@ func startRateAdmitter(t *testing.T) (*Admitter, *ratelimit.Limiter, Limit) {
 	t.Cleanup(func() { stop(); a.Wait() })
 	a.Start(runCtx)
 	return a, lim, Limit{Spec: a.Table.Plain(KindRate)["api"], Key: "api"}.Resized(nil)
+}
+
+// TestSeatedEnrolledTaskStaysWhereItWaits: a token that a release here
+// enrolled, and that got its seat before its task came, gave its place on
+// with the seat; when no slot here takes its task (this Waker has none),
+// the task is not brought to its queue, where the worker that dequeued it
+// would find no place and park it again: it stays in asynq's scheduled
+// set, its seat goes back, and its token, no longer enrolled here, waits
+// in the room for the next seat or place.
+func TestSeatedEnrolledTaskStaysWhereItWaits(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	ctx := context.Background()
+	sem, err := semaphore.New(rdb, semaphore.Options{OnWake: func(string, []string) {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sem.Close() })
+	k := NewWaker(rdb, nil)
+	k.SetSemaphore(sem)
+	info, err := asynq.NewClientFromRedisClient(rdb).Enqueue(asynq.NewTaskWithHeaders("job", nil, map[string]string{WaitsForHeader: "k"}), asynq.Queue("q"), asynq.ProcessIn(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	parked := Token{Queue: "q", ID: info.ID}.String()
+	room := semaphore.Room{Standby: 1, Hold: 10 * time.Second, Transit: 10 * time.Second, TTL: time.Minute, Enrol: true}
+	enter := func(token string) *semaphore.Entry {
+		t.Helper()
+		e, err := sem.Enter(ctx, "k", 1, token, room, semaphore.WithStartOnSeat())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	first, standing := enter("first"), enter("standing")
+	if first.Permit == nil || !standing.Standby {
+		t.Fatal("want a seat taken and a task standing by")
+	}
+	if _, err := sem.Park(ctx, "k", 1, parked, room); err != nil {
+		t.Fatal(err)
+	}
+	// The seat goes to the task standing by, whose place goes to the
+	// parked token, enrolled here; that seat comes back before the
+	// token's task does, and goes to the token.
+	if err := first.Permit.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p, err := standing.Wait(ctx, semaphore.WithWaitTimeout(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	holders := "fleetcap:sem:{k}:holders"
+	heldByParked := func() bool {
+		for _, m := range rdb.ZRange(ctx, holders, 0, -1).Val() {
+			if strings.HasSuffix(m, "\n"+info.ID) {
+				return true
+			}
+		}
+		return false
+	}
+	waitfor.Condition(t, 5*time.Second, "the enrolled token holds the seat", heldByParked)
+	k.OnWake("k", []string{parked})
+	taskKey := asynqx.QueueKeys("q").TaskPrefix + info.ID
+	if state := rdb.HGet(ctx, taskKey, "state").Val(); state != "scheduled" {
+		t.Fatalf("the task is %s, want it still scheduled (parked, as the producer parks a task)", state)
+	}
+	if heldByParked() {
+		t.Fatal("the token keeps its seat though its task did not come")
+	}
 }
