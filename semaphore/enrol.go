@@ -131,8 +131,10 @@ func (s *Service) addEnrolled(w *waiter) bool {
 // for, a while (Service.early), for a waiter enrolled since: the reply
 // that enrolled it may still be on its way. It reports whether it did. The
 // tokens let out in the token's place with the seat (seatMsg.later) come
-// back as its task starts; if no waiter took the seat up within
-// enrolTimeout (the enrolling reply was lost), they come back then.
+// back as its task starts. If no waiter takes the seat up (the enrolling
+// reply was lost), they come back as any token let out whose task does
+// not come: enrolled, it leaves after enrolTimeout and is let out again;
+// else its place lapses after the room's Transit.
 func (s *Service) keepEarly(key, token string, seat seatMsg) bool {
 	r := &s.waits
 	r.mu.Lock()
@@ -144,27 +146,7 @@ func (s *Service) keepEarly(key, token string, seat seatMsg) bool {
 	if member, ok := s.seatedAlone.Take(k); ok && member == seat.member {
 		return false // its task took the seat already (a recheck found it first)
 	}
-	if !s.early.Note(k, seat) {
-		return false
-	}
-	if seat.settled && len(seat.later) > 0 {
-		time.AfterFunc(enrolTimeout, func() { s.earlyUntaken(key, k, seat) })
-	}
-	return true
-}
-
-// earlyUntaken hands on the tokens let out with seat, kept early under k,
-// if no waiter took the seat up.
-func (s *Service) earlyUntaken(key, k string, seat seatMsg) {
-	s.waits.mu.Lock()
-	defer s.waits.mu.Unlock()
-	m, ok := s.early.Take(k)
-	switch {
-	case ok && m.member != seat.member:
-		s.early.Note(k, m) // a later seat of the token: its own timer
-	case ok:
-		s.woke(key, seat.later)
-	}
+	return s.early.Note(k, seat)
 }
 
 // adopt takes up the enrolled waiter of token, for an Enter of key with

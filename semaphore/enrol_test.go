@@ -225,6 +225,32 @@ func releaseHeld(t *testing.T, p *semaphore.Permit, held <-chan struct{}) <-chan
 	return released
 }
 
+// seatT2Early has ta and tb hold key's two seats, t1 stand by and t2 and
+// t3 park, all tasks of s that start on their seat; then ta's seat goes to
+// t1, and t2, let out in t1's place, is enrolled by a reply held back
+// (holdEnrolment); then tb's seat goes to t2, which is not registered yet
+// (kept early), with t3 let out in t2's place. It returns t1, the channel
+// t1's seat comes on, release for the held reply, and a channel closed
+// once ta's release returned.
+func seatT2Early(t *testing.T, s *semaphore.Service, key string, room semaphore.Room) (t1 *semaphore.Entry, seat1 <-chan *semaphore.Permit, release func(), released <-chan struct{}) {
+	t.Helper()
+	held, release := holdEnrolment(t, s, "t2")
+	opt := semaphore.WithStartOnSeat()
+	ta, tb := enter(t, s, key, 2, "ta", room, opt), enter(t, s, key, 2, "tb", room, opt)
+	t1 = enter(t, s, key, 2, "t1", room, opt)
+	t2, t3 := enter(t, s, key, 2, "t2", room, opt), enter(t, s, key, 2, "t3", room, opt)
+	if ta.Permit == nil || tb.Permit == nil || !t1.Standby || t2.Standby || t3.Standby {
+		t.Fatal("want two seats taken, t1 standing by, t2 and t3 parked")
+	}
+	seat1 = waitInLine(t, s, key, t1)
+	freshPresence(t, s, key)
+	released = releaseHeld(t, ta.Permit, held)
+	if err := tb.Permit.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return t1, seat1, release, released
+}
+
 // TestEarlySeatKeepsItsWakesForTheStart: a seat given to an enrolled token
 // before the reply that enrolled it is handed on is kept for the token,
 // and so are the tokens let out in its place: they come back as its task
@@ -234,22 +260,7 @@ func releaseHeld(t *testing.T, p *semaphore.Permit, held <-chan struct{}) <-chan
 func TestEarlySeatKeepsItsWakesForTheStart(t *testing.T) {
 	_, s, woken, key := wokenService(t)
 	ctx, room := context.Background(), enrolRoom()
-	held, release := holdEnrolment(t, s, "t2")
-	opt := semaphore.WithStartOnSeat()
-	ta, tb := enter(t, s, key, 2, "ta", room, opt), enter(t, s, key, 2, "tb", room, opt)
-	t1 := enter(t, s, key, 2, "t1", room, opt)
-	t2, t3 := enter(t, s, key, 2, "t2", room, opt), enter(t, s, key, 2, "t3", room, opt)
-	if ta.Permit == nil || tb.Permit == nil || !t1.Standby || t2.Standby || t3.Standby {
-		t.Fatal("want two seats taken, t1 standing by, t2 and t3 parked")
-	}
-	seat1 := waitInLine(t, s, key, t1)
-	freshPresence(t, s, key)
-	releaseHeld(t, ta.Permit, held) // t1's seat; t2 let out and enrolled in its place
-	// t2 waits in line by now, its enrolment not handed on: tb's seat
-	// goes to it, and t3 is let out in its place.
-	if err := tb.Permit.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	t1, seat1, release, _ := seatT2Early(t, s, key, room)
 	release()
 	p1 := <-seat1
 	if p1 == nil {
@@ -262,7 +273,7 @@ func TestEarlySeatKeepsItsWakesForTheStart(t *testing.T) {
 	if got := woken.next(t); got != "t2" {
 		t.Fatalf("brought %q back first, want t2 (t3 comes as t2's task starts)", got)
 	}
-	t2 = enter(t, s, key, 2, "t2", room, opt)
+	t2 := enter(t, s, key, 2, "t2", room, semaphore.WithStartOnSeat())
 	if !t2.Standby {
 		t.Fatal("t2's task does not take its enrolment up")
 	}
@@ -356,5 +367,28 @@ func TestUnenrolSeatedTokenParksFirst(t *testing.T) {
 	}
 	if !inRoom(t, rdb, key, "parked", "t2") || s.Enrolled(key, "t2") {
 		t.Fatal("t2 is not parked again once unenrolled with its seat")
+	}
+}
+
+// TestEarlySeatUntakenHandsItsWakesOn: when the reply that enrols a token
+// is not handed on (it is held here; a call whose reply was lost does the
+// same), the tokens let out in its place with the seat kept early for it
+// are not left in their places with nobody to bring their tasks: they come
+// back as any token let out whose task does not come (here t3, enrolled,
+// leaves after enrolTimeout and is let out again).
+func TestEarlySeatUntakenHandsItsWakesOn(t *testing.T) {
+	_, s, woken, key := wokenService(t)
+	ctx, room := context.Background(), enrolRoom()
+	_, seat1, release, released := seatT2Early(t, s, key, room)
+	if !s.KeptEarly(key, "t2") {
+		t.Fatal("the seat given to t2 before its enrolment was handed on is not kept for it")
+	}
+	if got := woken.next(t); got != "t3" { // after enrolTimeout, the reply still held
+		t.Fatalf("brought %q back, want t3", got)
+	}
+	release()
+	<-released
+	if p1 := <-seat1; p1 != nil {
+		_ = p1.Release(ctx)
 	}
 }
