@@ -31,7 +31,7 @@
 //     memory and moves with one call of handover.lua
 //     (semaphore/handover.go).
 //   - A cap that is full, tasks through the producer (S5, S10): about
-//     39 commands a task in all at 1 process, 41 at 5 and 20, asynq's
+//     39 commands a task in all at 1 and 5 processes, 41 at 20, asynq's
 //     included (about 11 of them: the enqueue, 4, and done, 7; no
 //     dequeue of its queue, see the wake-up below). Per task, inside
 //     each script call: the producer's park (3: the time, its arrival,
@@ -72,9 +72,13 @@
 //     place to that process's settle (9: the place, and the next parked
 //     token let out for it and enrolled there, with whether the line is
 //     there for its TTL, by the room's settings its Entry brings; it
-//     frees no seat, so it counts none): in S5 at 20 processes about
-//     one release in nine (its PUBLISHes), which, with each worker's
-//     sweep of the room once a second, is what a task costs more there.
+//     frees no seat, so it counts none): in S5 at 20 processes one
+//     release in four to nine (its PUBLISHes; more on a slower VM, as
+//     releases come in another order than their waiters stand in line),
+//     6 commands more for each (the PUBLISH, the look at that process's
+//     presence, and the settle's call, clock, look at the waiting and
+//     at the line's keys), which, with each worker's sweep of the room
+//     once a second and its recheck, is what a task costs more there.
 //   - A rate limit that is reached, tasks through the producer (S8):
 //     about 28 commands a task from the workers' start, 37 with the
 //     enqueue. The producer holds a backlog back in the limit's room

@@ -220,9 +220,6 @@ func (c *Counters) ProbeOverhead(ctx context.Context) (time.Duration, error) {
 // MaxInflight is the most probes that ran at once.
 func (c *Counters) MaxInflight(ctx context.Context) (int, error) { return c.int(ctx, "max") }
 
-// Inflight is how many probes run now.
-func (c *Counters) Inflight(ctx context.Context) (int, error) { return c.int(ctx, "inflight") }
-
 // MaxInflightPerTenant is the most probes of each tenant that ran at once.
 func (c *Counters) MaxInflightPerTenant(ctx context.Context) (map[string]int, error) {
 	return c.maxima(ctx, "tmax")

@@ -65,9 +65,6 @@ func (s *Server) Port() int { return s.port }
 // URL is a redis:// URL for the server.
 func (s *Server) URL() string { return "redis://" + s.Addr() }
 
-// Dir is the server's working directory (AOF and RDB files live here).
-func (s *Server) Dir() string { return s.dir }
-
 // Client returns a go-redis client for the server, closed at test end.
 func (s *Server) Client() *redis.Client {
 	c := redis.NewClient(s.options())
