@@ -63,14 +63,23 @@ func capRoom(l *Limit, parkedRetry time.Duration) semaphore.Room {
 // that was noted since the last sweep (a producer parked a task in it
 // while it was empty; one call for the notes, when the config has rate
 // templates). The worker calls it every SweepInterval (first as it
-// starts), and at once when an operator's override changes a capacity.
-func (a *Admitter) Sweep(ctx context.Context) {
+// starts), and at once, resized (true), when an operator's override
+// changes a capacity. A cap's room is swept by one process of the fleet
+// every three quarters of auditInterval (see semaphore.Room.Audit): the
+// other processes' calls find it done, for three commands, unless a
+// capacity changed (resized): then this process sweeps every room, so
+// that the seats a raise opens go at once.
+func (a *Admitter) Sweep(ctx context.Context, resized bool) {
 	for key, spec := range a.Table.Plain(KindRate) {
 		a.rateWakes.watch(a, Limit{Spec: spec, Key: key}, false)
 	}
 	a.watchNotedRooms(ctx)
 	for _, l := range a.knownCaps() {
-		audit, err := a.Semaphore.Admit(ctx, l.Key, l.Capacity, a.room(&l))
+		room := a.room(&l)
+		if resized {
+			room.Audit = 0
+		}
+		audit, err := a.Semaphore.Admit(ctx, l.Key, l.Capacity, room)
 		if err != nil {
 			if ctx.Err() == nil {
 				a.Logger.Warn("worker: let tasks out of a waiting room", "key", l.Key, "err", err)

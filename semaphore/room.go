@@ -40,7 +40,9 @@ type Room struct {
 	// least three quarters of it.
 	TTL time.Duration
 	// Audit is how often, fleet-wide, one Admit call is handed the tokens
-	// parked in the room to check (see Admit); 0: never.
+	// parked in the room to check (see Admit); 0: never. With it, one
+	// Admit call every three quarters of it, fleet-wide, sweeps the room;
+	// without it, every call does.
 	Audit time.Duration
 	// Enrol makes a release that gives a seat to a task of its process
 	// standing by (WithStartOnSeat) also stand by, on that process's
@@ -444,11 +446,15 @@ func (s *Service) tokenCall(ctx context.Context, script *redis.Script, what, key
 // freed without a call that would have done it (a lease that ran out, a
 // worker that died, a task that never showed up for its place), or that a
 // new capacity or room opens. Call it now and then for the keys you know,
-// and when their capacity changes. Once every room.Audit, fleet-wide, one
-// call also returns the tokens parked in the room (the first 1000 by
-// arrival): its caller checks that their tasks still wait and Dismisses
-// the others, so that a task removed while it waited (deleted from its
-// queue by an operator) leaves no token behind.
+// and when their capacity changes (with a room.Audit of 0 then, so that
+// the call is not skipped). With room.Audit, one call every three
+// quarters of room.Audit, fleet-wide, does this, and the others return
+// having done nothing: a fleet of many processes sweeps each room about
+// once an interval, not once a process. Once every room.Audit, that call
+// also returns the tokens parked in the room (the first 1000 by arrival):
+// its caller checks that their tasks still wait and Dismisses the others,
+// so that a task removed while it waited (deleted from its queue by an
+// operator) leaves no token behind.
 func (s *Service) Admit(ctx context.Context, key string, permits int, room Room) (audit []string, err error) {
 	if err := checkKey(key); err != nil {
 		return nil, err

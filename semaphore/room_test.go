@@ -1405,3 +1405,71 @@ func oldestLapse(rdb *redis.Client, key string) (time.Duration, bool) {
 	}
 	return time.Duration(now.UnixMilli()-int64(oldest[0].Score)) * time.Millisecond, true
 }
+
+// TestAdmitSweepsOnceAnIntervalFleetWide: with an audit interval, the
+// first Admit of the fleet sweeps the room (a lapsed place is let out
+// again) and is handed the parked tokens to audit; another process's
+// Admit within the interval finds the room swept and changes nothing; one
+// without an audit interval (a capacity changed) sweeps at once.
+func TestAdmitSweepsOnceAnIntervalFleetWide(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	woken1, woken2 := make(wakeLog, 16), make(wakeLog, 16)
+	s1 := newService(t, rdb, woken1.option)
+	s2 := newService(t, rdb, woken2.option)
+	ctx := context.Background()
+	key := uniqueKey(t)
+	short := semaphore.Room{Standby: 1, Hold: 50 * time.Millisecond, Transit: 50 * time.Millisecond, TTL: time.Minute}
+	audited := short
+	audited.Audit = time.Hour
+	if holder := enter(t, s1, key, 1, "holder", short); holder.Permit == nil {
+		t.Fatal("no seat")
+	}
+	if ok, err := s1.Reserve(ctx, key, 1, "a", short); err != nil || !ok {
+		t.Fatalf("Reserve with a place free = %v, %v", ok, err)
+	}
+	if _, err := s1.Park(ctx, key, 1, "c", short); err != nil {
+		t.Fatal(err)
+	}
+	lapsed := func() bool {
+		t.Helper()
+		lapse, _, ok := placeIn(t, rdb, key, "a")
+		now, err := rdb.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok && lapse <= float64(now.UnixMilli())
+	}
+
+	serverClockPasses(t, rdb, 60*time.Millisecond)
+	audit, err := s1.Admit(ctx, key, 1, audited)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token := woken1.next(t); token != "a" {
+		t.Fatalf("the sweep let out %q, want a, whose place lapsed", token)
+	}
+	if !slices.Equal(audit, []string{"c"}) {
+		t.Fatalf("the sweep's audit = %q, want the parked c", audit)
+	}
+
+	serverClockPasses(t, rdb, 60*time.Millisecond)
+	if !lapsed() {
+		t.Fatal("a's place, let out again, has not lapsed")
+	}
+	if audit, err := s2.Admit(ctx, key, 1, audited); err != nil || len(audit) != 0 {
+		t.Fatalf("an Admit within the interval = %q, %v; want nothing to audit", audit, err)
+	}
+	if !lapsed() {
+		t.Fatal("an Admit within the interval swept the room: a's lapsed place went on")
+	}
+	if _, err := s2.Admit(ctx, key, 1, short); err != nil {
+		t.Fatal(err)
+	}
+	if token := woken2.next(t); token != "a" {
+		t.Fatalf("an Admit without an audit interval let out %q, want a", token)
+	}
+	if lapsed() {
+		t.Fatal("an Admit without an audit interval left a's place lapsed")
+	}
+}

@@ -37,6 +37,7 @@ func (w *Worker) recoverLoop(ctx context.Context) {
 	last := w.overrides.Overrides()
 	nextRecover := time.Now().Add(recoverInterval)
 	nextSweep := time.Now()
+	resized := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -47,6 +48,7 @@ func (w *Worker) recoverLoop(ctx context.Context) {
 		if cur := w.overrides.Overrides(); !reflect.DeepEqual(cur.Capacities, last.Capacities) {
 			last = cur
 			nextSweep = now
+			resized = true
 		}
 		if !now.Before(nextRecover) {
 			nextRecover = now.Add(recoverInterval)
@@ -54,7 +56,8 @@ func (w *Worker) recoverLoop(ctx context.Context) {
 		}
 		if !now.Before(nextSweep) {
 			nextSweep = now.Add(admission.SweepInterval)
-			w.adm.Sweep(ctx)
+			w.adm.Sweep(ctx, resized)
+			resized = false
 		}
 	}
 }

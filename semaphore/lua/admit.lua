@@ -2,10 +2,13 @@
 -- would have passed them on (a lease that ran out, a worker that died, a
 -- task that never came for its place), or that a new capacity opens, go
 -- on: free seats to the tokens waiting in a process, places to the parked
--- (settle, room.lua). Once per audit interval, fleet-wide, one call is
--- also handed the parked tokens, for its caller to check that their tasks
--- still wait (a task deleted while it waited leaves its token behind) and
--- dismiss the others.
+-- (settle, room.lua). With an audit interval, one call a room and
+-- three quarters of it, fleet-wide, does that: the others (every worker
+-- sweeps the rooms it knows) find it done and return after three
+-- commands. Once an interval, that call is also handed the parked
+-- tokens, for its caller to check that their tasks still wait (a task
+-- deleted while it waited leaves its token behind) and dismiss the
+-- others. Without one (audit '0'), every call sweeps.
 --
 -- KEYS: those of room.lua
 -- ARGV, name/value pairs: capacity (in force; 0: paused), budget, transit,
@@ -19,12 +22,21 @@
 local a = args()
 local now, t = clock()
 if not occupied() then return {'granted', {}, 'woken', {}, 'audit', {}} end
-noteRoom(a, now)
 local audit = {}
 local every = tonumber(a.audit)
-if every > 0 and tonumber(redis.call('HGET', KEYS[7], 'auditat') or '0') <= now then
-  redis.call('HSET', KEYS[7], 'auditat', now + every)
-  audit = redis.call('ZRANGE', KEYS[5], 0, tonumber(a.auditmax) - 1)
+if every > 0 then
+  -- sweptat: the next sweep is due (three quarters of the interval on, so
+  -- that a process sweeping once an interval is not put off by the jitter
+  -- of its calls); auditat: the next audit.
+  local at = redis.call('HMGET', KEYS[7], 'sweptat', 'auditat')
+  if tonumber(at[1] or '0') > now then return {'granted', {}, 'woken', {}, 'audit', {}} end
+  local set = {'HSET', KEYS[7], 'sweptat', now + math.floor(every * 3 / 4)}
+  if tonumber(at[2] or '0') <= now then
+    set[#set + 1], set[#set + 2] = 'auditat', now + every
+    audit = redis.call('ZRANGE', KEYS[5], 0, tonumber(a.auditmax) - 1)
+  end
+  redis.call(unpack(set))
 end
+noteRoom(a, now)
 local own, woken = settle(now, t, tonumber(a.capacity), a)
 return {'now', now, 'granted', own, 'woken', woken, 'arrivals', arrivals, 'audit', audit}

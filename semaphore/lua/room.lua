@@ -40,7 +40,7 @@
 -- KEYS[7] room     HASH capacity, budget (standby places), transit (ms a
 --                  place waits for its task to show up), keyttl (ms the
 --                  room's keys outlive their last use), sig (see
---                  noteRoom), auditat
+--                  noteRoom), sweptat and auditat (see admit.lua)
 -- KEYS[8] aside    ZSET token -> arrival (server µs): tokens that left for
 --                  a while but keep their place for when their task comes
 --                  back (it waits for another cap, or its queue is
