@@ -5,10 +5,11 @@
 -- (settle, room.lua). With an audit interval, one call a room and
 -- three quarters of it, fleet-wide, does that: the others (every worker
 -- sweeps the rooms it knows) find it done and return after three
--- commands. Once an interval, that call is also handed the parked
--- tokens, for its caller to check that their tasks still wait (a task
--- deleted while it waited leaves its token behind) and dismiss the
--- others. Without one (audit '0'), every call sweeps.
+-- commands (an empty room's sweep: one). Once an interval, that call is
+-- also handed the parked tokens, for its caller to check that their
+-- tasks still wait (a task deleted while it waited leaves its token
+-- behind) and dismiss the others. Without one (audit '0'), every call
+-- sweeps.
 --
 -- KEYS: those of room.lua
 -- ARGV, name/value pairs: capacity (in force; 0: paused), budget, transit,
@@ -20,8 +21,10 @@
 -- tokens to check).
 
 local a = args()
-local now, t = clock()
+-- A room nobody waits in is left at once (the sweep of an idle fleet's
+-- rooms: one command), before the clock is read.
 if not occupied() then return {'granted', {}, 'woken', {}, 'audit', {}} end
+local now, t = clock()
 local audit = {}
 local every = tonumber(a.audit)
 if every > 0 then
