@@ -31,8 +31,8 @@
 //     memory and moves with one call of handover.lua
 //     (semaphore/handover.go).
 //   - A cap that is full, tasks through the producer (S5, S10): about
-//     39 commands a task in all at 1 and 5 processes, 41 at 20, asynq's
-//     included (about 11 of them: the enqueue, 4, and done, 7; no
+//     39 commands a task in all at 1 process, 39 to 41 at 5, 41 at 20,
+//     asynq's included (about 11 of them: the enqueue, 4, and done, 7; no
 //     dequeue of its queue, see the wake-up below). Per task, inside
 //     each script call: the producer's park (3: the time, its arrival,
 //     and whether tokens are parked ahead of it; the room is told its

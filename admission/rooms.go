@@ -21,12 +21,13 @@ const (
 	transitTime   = time.Second
 )
 
-// The sweep: every SweepInterval each worker lets tasks out of the rooms
-// of the keys it knows, for places and seats that freed without a call
+// The sweep: every SweepInterval each worker asks the rooms of the keys it
+// knows to let tasks out, for places and seats that freed without a call
 // that would have done it (a lease that ran out, a worker that died, a
-// task that never came for its place), and, one worker per room and
-// audit interval, checks that the parked tasks still exist: a task
-// deleted while it waited is dismissed within a second or two.
+// task that never came for its place); the first to ask in three quarters
+// of auditInterval does it for the fleet (see Sweep). Once an audit
+// interval, that worker also checks that the parked tasks still exist: a
+// task deleted while it waited is dismissed within a second or two.
 const (
 	SweepInterval = time.Second
 	auditInterval = time.Second

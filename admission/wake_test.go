@@ -265,7 +265,12 @@ func TestSeatedEnrolledTaskStaysWhereItWaits(t *testing.T) {
 	}
 	holders := "fleetcap:sem:{k}:holders"
 	heldByParked := func() bool {
-		for _, m := range rdb.ZRange(ctx, holders, 0, -1).Val() {
+		t.Helper()
+		members, err := rdb.ZRange(ctx, holders, 0, -1).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range members {
 			if strings.HasSuffix(m, "\n"+info.ID) {
 				return true
 			}
@@ -275,8 +280,8 @@ func TestSeatedEnrolledTaskStaysWhereItWaits(t *testing.T) {
 	waitfor.Condition(t, 5*time.Second, "the enrolled token holds the seat", heldByParked)
 	k.OnWake("k", []string{parked})
 	taskKey := asynqx.QueueKeys("q").TaskPrefix + info.ID
-	if state := rdb.HGet(ctx, taskKey, "state").Val(); state != "scheduled" {
-		t.Fatalf("the task is %s, want it still scheduled (parked, as the producer parks a task)", state)
+	if state, err := rdb.HGet(ctx, taskKey, "state").Result(); err != nil || state != "scheduled" {
+		t.Fatalf("the task is %q (%v), want it still scheduled (parked, as the producer parks a task)", state, err)
 	}
 	if heldByParked() {
 		t.Fatal("the token keeps its seat though its task did not come")

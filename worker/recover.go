@@ -37,7 +37,6 @@ func (w *Worker) recoverLoop(ctx context.Context) {
 	last := w.overrides.Overrides()
 	nextRecover := time.Now().Add(recoverInterval)
 	nextSweep := time.Now()
-	resized := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -45,6 +44,7 @@ func (w *Worker) recoverLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		now := time.Now()
+		resized := false // a capacity changed: every room is swept now (see Admitter.Sweep)
 		if cur := w.overrides.Overrides(); !reflect.DeepEqual(cur.Capacities, last.Capacities) {
 			last = cur
 			nextSweep = now
@@ -57,7 +57,6 @@ func (w *Worker) recoverLoop(ctx context.Context) {
 		if !now.Before(nextSweep) {
 			nextSweep = now.Add(admission.SweepInterval)
 			w.adm.Sweep(ctx, resized)
-			resized = false
 		}
 	}
 }
