@@ -8,7 +8,6 @@ import (
 
 	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
 	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
-	"github.com/fleetcap/fleetcap/ratelimit"
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
@@ -19,24 +18,12 @@ func TestSweepAfterResizeIsNotSkipped(t *testing.T) {
 	rdb := redistest.Start(t).Client()
 	ctx := context.Background()
 	woken := make(chan string, 16)
-	sem, err := semaphore.New(rdb, semaphore.Options{OnWake: func(_ string, tokens []string) {
+	a := newAdmitter(t, rdb, "tasks: {job: {semaphore: {key: c, capacity: 1}}}\n", semaphore.Options{OnWake: func(_ string, tokens []string) {
 		for _, tok := range tokens {
 			woken <- tok
 		}
 	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sem.Close() })
-	lim, err := ratelimit.New(rdb, ratelimit.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := New(Options{Redis: rdb, Table: tableFor(t, "tasks: {job: {semaphore: {key: c, capacity: 1}}}\n"),
-		Semaphore: sem, Limiter: lim, ParkedRetry: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sem := a.Semaphore
 	l := Limit{Spec: a.Table.Plain(KindCap)["c"], Key: "c"}.Resized(nil)
 	room := a.room(&l)
 	if e, err := sem.Enter(ctx, "c", 1, "holder", room); err != nil || e.Permit == nil {

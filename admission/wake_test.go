@@ -190,8 +190,18 @@ func TestBusyTaskStepsAsideFromARateRoom(t *testing.T) {
 // and the limit; both stop at the test's end.
 func startRateAdmitter(t *testing.T) (*Admitter, *ratelimit.Limiter, Limit) {
 	t.Helper()
-	rdb := redistest.Start(t).Client()
-	sem, err := semaphore.New(rdb, semaphore.Options{})
+	a := newAdmitter(t, redistest.Start(t).Client(), "tasks: {job: {rate_limits: [{key: api, rate: 5, per: 1s, burst: 1}]}}\n", semaphore.Options{})
+	runCtx, stop := context.WithCancel(context.Background())
+	t.Cleanup(func() { stop(); a.Wait() })
+	a.Start(runCtx)
+	return a, a.Limiter, Limit{Spec: a.Table.Plain(KindRate)["api"], Key: "api"}.Resized(nil)
+}
+
+// newAdmitter is an Admitter on rdb for the config yaml, with a Service of
+// opts and a Limiter of its own, closed at the test's end.
+func newAdmitter(t *testing.T, rdb *redis.Client, yaml string, opts semaphore.Options) *Admitter {
+	t.Helper()
+	sem, err := semaphore.New(rdb, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,15 +210,11 @@ func startRateAdmitter(t *testing.T) (*Admitter, *ratelimit.Limiter, Limit) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(Options{Redis: rdb, Table: tableFor(t, "tasks: {job: {rate_limits: [{key: api, rate: 5, per: 1s, burst: 1}]}}\n"),
-		Semaphore: sem, Limiter: lim, ParkedRetry: time.Minute})
+	a, err := New(Options{Redis: rdb, Table: tableFor(t, yaml), Semaphore: sem, Limiter: lim, ParkedRetry: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(context.Background())
-	t.Cleanup(func() { stop(); a.Wait() })
-	a.Start(runCtx)
-	return a, lim, Limit{Spec: a.Table.Plain(KindRate)["api"], Key: "api"}.Resized(nil)
+	return a
 }
 
 // TestSeatedEnrolledTaskStaysWhereItWaits: a token that a release here
