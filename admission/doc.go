@@ -77,9 +77,10 @@
 //     releases come in another order than their waiters stand in line),
 //     6 commands more for each (the PUBLISH, the look at that process's
 //     presence, and the settle's call, clock, look at the waiting and
-//     at the line's keys), which, with each worker's look at the room
-//     once a second (one of them sweeps it, see Sweep) and its recheck,
-//     is what a task costs more there.
+//     at the line's keys), which, with the workers' looks at the room
+//     (one of them sweeps it once a second, the others look every two
+//     or three seconds, see Sweep) and their rechecks, is what a task
+//     costs more there.
 //   - A rate limit that is reached, tasks through the producer (S8):
 //     about 28 commands a task from the workers' start, 37 with the
 //     enqueue. The producer holds a backlog back in the limit's room

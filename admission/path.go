@@ -78,11 +78,14 @@ type Admitter struct {
 	Options
 	rateObs ratelimit.Observer
 
-	full        fullHints
-	rooms       roomKeys    // rendered keys whose rooms this process parked tasks in
-	recentCaps  *recentKeys // rendered cap keys, for monitoring
-	recentRates *recentKeys // rendered rate-limit keys, for monitoring
-	rateWakes   rateWakes
+	full  fullHints
+	rooms roomKeys // rendered keys whose rooms this process parked tasks in
+	// sweptElsewhere are the rooms another process swept lately: this
+	// one leaves them alone for a while (see Sweep).
+	sweptElsewhere lately.Marks
+	recentCaps     *recentKeys // rendered cap keys, for monitoring
+	recentRates    *recentKeys // rendered rate-limit keys, for monitoring
+	rateWakes      rateWakes
 	// notedSince is the time (Unix ms) of the latest noted room of a
 	// rendered rate-limit key this process's sweep found (see Sweep).
 	notedSince atomic.Int64
@@ -101,7 +104,8 @@ func New(opts Options) (*Admitter, error) {
 	if opts.Waker == nil {
 		opts.Waker = NewWaker(opts.Redis, opts.Logger)
 	}
-	a := &Admitter{Options: opts, full: newFullHints(), recentCaps: newRecentKeys(), recentRates: newRecentKeys()}
+	a := &Admitter{Options: opts, full: newFullHints(), recentCaps: newRecentKeys(), recentRates: newRecentKeys(),
+		sweptElsewhere: lately.Marks{For: leaveSwept, Max: 2 * roomKeysMax}} // the plain keys, and the rendered ones (roomKeys)
 	a.rateObs, _ = opts.Observer.(ratelimit.Observer)
 	return a, nil
 }

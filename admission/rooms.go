@@ -27,10 +27,15 @@ const (
 // task that never came for its place); the first to ask in three quarters
 // of auditInterval does it for the fleet (see Sweep). Once an audit
 // interval, that worker also checks that the parked tasks still exist: a
-// task deleted while it waited is dismissed within a second or two.
+// task deleted while it waited is dismissed within a second or two. A
+// worker that finds a room swept by another leaves it to that one for
+// leaveSwept (its next two sweeps): the sweeper keeps sweeping once an
+// interval, and when it stops (it died), another takes over within about
+// four seconds.
 const (
 	SweepInterval = time.Second
 	auditInterval = time.Second
+	leaveSwept    = 5 * SweepInterval / 2
 )
 
 // room is how the waiting room of cap l is kept (see semaphore.Room).
@@ -67,9 +72,10 @@ func capRoom(l *Limit, parkedRetry time.Duration) semaphore.Room {
 // starts), and at once, resized (true), when an operator's override
 // changes a capacity. A cap's room is swept by one process of the fleet
 // every three quarters of auditInterval (see semaphore.Room.Audit): the
-// other processes' calls find it done, for three commands, unless a
-// capacity changed (resized): then this process sweeps every room, so
-// that the seats a raise opens go at once.
+// other processes' calls find it done, for three commands, and leave the
+// room alone for leaveSwept, unless a capacity changed (resized): then
+// this process sweeps every room, so that the seats a raise opens go at
+// once.
 func (a *Admitter) Sweep(ctx context.Context, resized bool) {
 	for key, spec := range a.Table.Plain(KindRate) {
 		a.rateWakes.watch(a, Limit{Spec: spec, Key: key}, false)
@@ -79,13 +85,18 @@ func (a *Admitter) Sweep(ctx context.Context, resized bool) {
 		room := a.room(&l)
 		if resized {
 			room.Audit = 0
+		} else if a.sweptElsewhere.Recent(l.Key) {
+			continue
 		}
-		audit, err := a.Semaphore.Admit(ctx, l.Key, l.Capacity, room)
+		audit, elsewhere, err := a.Semaphore.Admit(ctx, l.Key, l.Capacity, room)
 		if err != nil {
 			if ctx.Err() == nil {
 				a.Logger.Warn("worker: let tasks out of a waiting room", "key", l.Key, "err", err)
 			}
 			continue
+		}
+		if elsewhere {
+			a.sweptElsewhere.Mark(l.Key)
 		}
 		a.audit(ctx, l.Key, audit)
 	}

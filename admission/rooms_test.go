@@ -38,7 +38,7 @@ func TestSweepAfterResizeIsNotSkipped(t *testing.T) {
 	// Another process swept the room, for as long as this test runs.
 	other := room
 	other.Audit = time.Hour
-	if _, err := sem.Admit(ctx, "c", 1, other); err != nil {
+	if _, _, err := sem.Admit(ctx, "c", 1, other); err != nil {
 		t.Fatal(err)
 	}
 	lapsed := func() bool {
@@ -72,5 +72,50 @@ func TestSweepAfterResizeIsNotSkipped(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the sweep after a resize let nobody out")
+	}
+}
+
+// TestSweepLeavesARoomAnotherProcessSweeps: a worker whose sweep finds a
+// room swept by another process leaves it to that one for its next sweeps,
+// while the sweeper keeps sweeping it.
+func TestSweepLeavesARoomAnotherProcessSweeps(t *testing.T) {
+	rdb := redistest.Start(t).Client()
+	ctx := context.Background()
+	const yaml = "tasks: {job: {semaphore: {key: c, capacity: 1}}}\n"
+	sweeper := newAdmitter(t, rdb, yaml, semaphore.Options{OnWake: func(string, []string) {}})
+	other := newAdmitter(t, rdb, yaml, semaphore.Options{OnWake: func(string, []string) {}})
+	l := Limit{Spec: sweeper.Table.Plain(KindCap)["c"], Key: "c"}.Resized(nil)
+	room := sweeper.room(&l)
+	if e, err := sweeper.Semaphore.Enter(ctx, "c", 1, "holder", room); err != nil || e.Permit == nil {
+		t.Fatalf("the first task takes no seat: %v", err)
+	}
+	if _, err := sweeper.Semaphore.Park(ctx, "c", 1, "parked", room); err != nil {
+		t.Fatal(err)
+	}
+	const roomKey = "fleetcap:sem:{c}:room"
+	swept := func() bool {
+		t.Helper()
+		n, err := rdb.HExists(ctx, roomKey, "sweptat").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	sweeper.Sweep(ctx, false)
+	if !swept() {
+		t.Fatal("the first sweep did not mark the room swept")
+	}
+	other.Sweep(ctx, false) // finds it swept by the sweeper
+	// The sweeper's mark runs out (as if it had stopped sweeping).
+	if err := rdb.HDel(ctx, roomKey, "sweptat").Err(); err != nil {
+		t.Fatal(err)
+	}
+	other.Sweep(ctx, false)
+	if swept() {
+		t.Fatal("a process that found the room swept by another swept it at its next sweep")
+	}
+	sweeper.Sweep(ctx, false)
+	if !swept() {
+		t.Fatal("the sweeper left its room alone")
 	}
 }

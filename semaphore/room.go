@@ -454,24 +454,26 @@ func (s *Service) tokenCall(ctx context.Context, script *redis.Script, what, key
 // also returns the tokens parked in the room (the first 1000 by arrival):
 // its caller checks that their tasks still wait and Dismisses the others,
 // so that a task removed while it waited (deleted from its queue by an
-// operator) leaves no token behind.
-func (s *Service) Admit(ctx context.Context, key string, permits int, room Room) (audit []string, err error) {
+// operator) leaves no token behind. elsewhere reports a call that found
+// the room swept by another within three quarters of room.Audit and did
+// nothing (its caller may leave the room to that sweeper for a while).
+func (s *Service) Admit(ctx context.Context, key string, permits int, room Room) (audit []string, elsewhere bool, err error) {
 	if err := checkKey(key); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if err := room.check(); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if permits < 0 {
-		return nil, fmt.Errorf("semaphore: permits must be >= 0, got %d", permits)
+		return nil, false, fmt.Errorf("semaphore: permits must be >= 0, got %d", permits)
 	}
 	rep, err := s.runNamed(ctx, admitScript, s.keysFor(key), s.settleArgs(key, append(room.args(),
 		"capacity", permits, "audit", room.Audit.Milliseconds(), "auditmax", auditMax)...)...)
 	if err != nil {
-		return nil, fmt.Errorf("semaphore: admit on %q: %w", key, err)
+		return nil, false, fmt.Errorf("semaphore: admit on %q: %w", key, err)
 	}
 	s.passOn(key, rep, time.Time{})
-	return rep.strings("audit"), nil
+	return rep.strings("audit"), rep.str("elsewhere") == "1", nil
 }
 
 func (s *Service) checkRoomCall(key string, permits int, token string, room Room) error {

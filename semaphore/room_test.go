@@ -311,7 +311,7 @@ func TestRoomPlaces(t *testing.T) {
 		t.Fatal("b lost its place")
 	}
 	serverClockPasses(t, srv.Client(), 60*time.Millisecond)
-	if _, err := s.Admit(ctx, key, 1, short); err != nil {
+	if _, _, err := s.Admit(ctx, key, 1, short); err != nil {
 		t.Fatal(err)
 	}
 	if token := woken.next(t); token != "b" {
@@ -556,7 +556,7 @@ func lapseIntoParked(t *testing.T, srv *redistest.Server, s *semaphore.Service, 
 	serverClockPasses(t, srv.Client(), 60*time.Millisecond)
 	closed := room
 	closed.Standby = 0 // the sweep lets nobody out again
-	if _, err := s.Admit(context.Background(), key, 1, closed); err != nil {
+	if _, _, err := s.Admit(context.Background(), key, 1, closed); err != nil {
 		t.Fatal(err)
 	}
 	parked := storeKey(key, "parked")
@@ -831,7 +831,7 @@ func TestEnterOfATokenLetOutHere(t *testing.T) {
 		t.Fatal("p, let out, has no standby place")
 	}
 	serverClockPasses(t, srv.Client(), 60*time.Millisecond) // past Transit
-	if _, err := s.Admit(ctx, standing, 1, room); err != nil {
+	if _, _, err := s.Admit(ctx, standing, 1, room); err != nil {
 		t.Fatal(err)
 	}
 	lapses, _, ok := placeIn(t, srv.Client(), standing, "p")
@@ -1219,7 +1219,7 @@ func TestDirectSeatKeepsItsPlaceUntilItStarts(t *testing.T) {
 	if n := rdb.Exists(ctx, storeKey(key, "procs")).Val(); n != 0 {
 		t.Fatal("a process's presence is in the room: the test needs none")
 	}
-	if _, err := s.Admit(ctx, key, 2, room); err != nil {
+	if _, _, err := s.Admit(ctx, key, 2, room); err != nil {
 		t.Fatal(err)
 	}
 	if !inRoom(t, rdb, key, "places", "p1") {
@@ -1447,9 +1447,9 @@ func TestAdmitSweepsOnceAnIntervalFleetWide(t *testing.T) {
 	}
 
 	serverClockPasses(t, rdb, 60*time.Millisecond)
-	audit, err := s1.Admit(ctx, key, 1, audited)
-	if err != nil {
-		t.Fatal(err)
+	audit, elsewhere, err := s1.Admit(ctx, key, 1, audited)
+	if err != nil || elsewhere {
+		t.Fatalf("the first Admit: swept elsewhere %v, %v", elsewhere, err)
 	}
 	if token := woken1.next(t); token != "a" {
 		t.Fatalf("the sweep let out %q, want a, whose place lapsed", token)
@@ -1462,13 +1462,13 @@ func TestAdmitSweepsOnceAnIntervalFleetWide(t *testing.T) {
 	if !lapsed() {
 		t.Fatal("a's place, let out again, has not lapsed")
 	}
-	if audit, err := s2.Admit(ctx, key, 1, audited); err != nil || len(audit) != 0 {
-		t.Fatalf("an Admit within the interval = %q, %v; want nothing to audit", audit, err)
+	if audit, elsewhere, err := s2.Admit(ctx, key, 1, audited); err != nil || len(audit) != 0 || !elsewhere {
+		t.Fatalf("an Admit within the interval = %q, swept elsewhere %v, %v; want nothing to audit, swept elsewhere", audit, elsewhere, err)
 	}
 	if !lapsed() {
 		t.Fatal("an Admit within the interval swept the room: a's lapsed place went on")
 	}
-	if _, err := s2.Admit(ctx, key, 1, short); err != nil {
+	if _, _, err := s2.Admit(ctx, key, 1, short); err != nil {
 		t.Fatal(err)
 	}
 	if token := woken2.next(t); token != "a" {

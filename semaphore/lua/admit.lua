@@ -18,7 +18,8 @@
 --   audit is handed)
 --
 -- Reply, name/value pairs: granted, woken (see acquire.lua), audit (the
--- tokens to check).
+-- tokens to check), and elsewhere '1' when another call swept the room
+-- lately and this one did nothing.
 
 local a = args()
 -- A room nobody waits in is left at once (the sweep of an idle fleet's
@@ -32,7 +33,7 @@ if every > 0 then
   -- that a process sweeping once an interval is not put off by the jitter
   -- of its calls); auditat: the next audit.
   local at = redis.call('HMGET', KEYS[7], 'sweptat', 'auditat')
-  if tonumber(at[1] or '0') > now then return {'granted', {}, 'woken', {}, 'audit', {}} end
+  if tonumber(at[1] or '0') > now then return {'granted', {}, 'woken', {}, 'audit', {}, 'elsewhere', '1'} end
   local set = {'HSET', KEYS[7], 'sweptat', now + math.floor(every * 3 / 4)}
   if tonumber(at[2] or '0') <= now then
     set[#set + 1], set[#set + 2] = 'auditat', now + every
