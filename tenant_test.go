@@ -122,7 +122,8 @@ func TestTenantAndGlobalCapsHold(t *testing.T) {
 }
 
 // TestCapacityOverride: a tenant with capacity_overrides 4 runs 4 at once,
-// the others stay at 2.
+// the others stay at 2. The tasks run 150 ms, so that on a loaded machine
+// the seats a task frees are taken up while the others still run.
 func TestCapacityOverride(t *testing.T) {
 	f := startFleetTypes(t, 3, 6, map[string]string{"probe": tenantCaps("requeue", 12, 2,
 		"        capacity_overrides: {\"tenant:big\": 4}\n")})
@@ -130,7 +131,7 @@ func TestCapacityOverride(t *testing.T) {
 	tenants := []string{"big", "s1", "s2"}
 	for i := range 16 {
 		for _, tenant := range tenants {
-			f.enqueueRaw("probe", probePayload(40, tenant), i)
+			f.enqueueRaw("probe", probePayload(150, tenant), i)
 		}
 	}
 	if err := f.counters.WaitDone(ctx, 16*len(tenants), 90*time.Second, f.procsAlive()); err != nil {
