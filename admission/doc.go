@@ -72,10 +72,11 @@
 //     place to that process's settle (9: the place, and the next parked
 //     token let out for it and enrolled there, with whether the line is
 //     there for its TTL, by the room's settings its Entry brings; it
-//     frees no seat, so it counts none): in S5 at 20 processes one
-//     release in four to nine (its PUBLISHes; more on a slower VM, as
-//     releases come in another order than their waiters stand in line),
-//     6 commands more for each (the PUBLISH, the look at that process's
+//     frees no seat, so it counts none): in S5 at 5 and 20 processes
+//     none, or one release in three to nine (its PUBLISHes), as the
+//     first wake-ups left the standby places in one process or spread
+//     (each process keeps its share: the one whose waiter gets a seat
+//     enrols the next token), 6 commands more for each (the PUBLISH, the look at that process's
 //     presence, and the settle's call, clock, look at the waiting and
 //     at the line's keys), which, with the workers' looks at the room
 //     (one of them sweeps it once a second, the others look every two
