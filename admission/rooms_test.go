@@ -77,7 +77,8 @@ func TestSweepAfterResizeIsNotSkipped(t *testing.T) {
 
 // TestSweepLeavesARoomAnotherProcessSweeps: a worker whose sweep finds a
 // room swept by another process leaves it to that one for its next sweeps,
-// while the sweeper keeps sweeping it.
+// while the sweeper keeps sweeping it; once the sweeper stops, the other
+// takes the room over within leaveSwept.
 func TestSweepLeavesARoomAnotherProcessSweeps(t *testing.T) {
 	rdb := redistest.Start(t).Client()
 	ctx := context.Background()
@@ -117,5 +118,19 @@ func TestSweepLeavesARoomAnotherProcessSweeps(t *testing.T) {
 	sweeper.Sweep(ctx, false)
 	if !swept() {
 		t.Fatal("the sweeper left its room alone")
+	}
+
+	// The sweeper stops; the other process sweeps as its worker would,
+	// and takes the room over once its mark of the sweeper's call runs
+	// out.
+	if err := rdb.HDel(ctx, roomKey, "sweptat").Err(); err != nil {
+		t.Fatal(err)
+	}
+	took := waitfor.Condition(t, leaveSwept+2*time.Second, "the other process takes the sweep over", func() bool {
+		other.Sweep(ctx, false)
+		return swept()
+	})
+	if took < leaveSwept-time.Second {
+		t.Fatalf("the other process swept %s after it found the room swept by another, want about %s", took, leaveSwept)
 	}
 }
