@@ -118,7 +118,10 @@ func (s *Service) lendSpare(req request) *Permit {
 	b.lent++
 	// Its id: the spare seats' and a count (no random bytes to read).
 	p := s.newPermit(req, b.permit.id+"."+strconv.FormatUint(b.lent, 10), b.permit.member, 0, time.Now(), time.Now())
-	p.lost, p.markedLost = context.WithCancel(b.permit.lost)
+	// It is lost with the spare seats, until it goes back (returnSpare
+	// undoes the link: a context derived from theirs would stay in it, a
+	// hundred bytes a task, as long as they are lent).
+	p.unfollow = context.AfterFunc(b.permit.lost, p.markedLost)
 	p.from = b
 	return p
 }
@@ -147,6 +150,7 @@ func (s *Service) openSpare(req request, member string, n int, p *Permit) {
 // returnSpare takes back p's seat, lent from spare seats. It reports
 // whether the spare seats were still held.
 func (s *Service) returnSpare(ctx context.Context, p *Permit) (bool, error) {
+	p.unfollow()
 	b := p.from
 	sp := &s.spare
 	sp.mu.Lock()

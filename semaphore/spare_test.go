@@ -3,6 +3,7 @@ package semaphore_test
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -432,4 +433,38 @@ func TestSpareSeatsComeBackForAParkedTask(t *testing.T) {
 		mustRelease(t, h)
 	}
 	mustRelease(t, held[0])
+}
+
+// TestSpareSeatsKeepNothingOfTheirTasks: a Service lends spare seats to
+// task after task for as long as they are in use; what it keeps per lent
+// seat goes with the seat. (A lent seat's loss was once a context derived
+// from the spare seats', which kept every lent seat in it: about 115 bytes
+// a task, for as long as the spare seats stayed lent.)
+func TestSpareSeatsKeepNothingOfTheirTasks(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newService(t, srv.Client(), withSpares(8))
+	key := uniqueKey(t)
+	opener := openSpares(t, s, key, 100)
+	// One lent seat stays held throughout, so that the spare seats never
+	// idle and go back.
+	anchor := enterSeat(t, s, key, 100, "anchor")
+	heap := func() int64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return int64(m.HeapAlloc)
+	}
+	const tasks = 50000
+	before := heap()
+	for i := range tasks {
+		p := enterSeat(t, s, key, 100, "t"+strconv.Itoa(i))
+		p.AfterLost(func() {}) // as a worker's task does while it runs
+		mustRelease(t, p)
+	}
+	grown := heap() - before
+	mustRelease(t, anchor)
+	mustRelease(t, opener)
+	if grown > 1<<20 {
+		t.Fatalf("the heap grew by %d bytes over %d tasks on spare seats (%d a task), want it flat", grown, tasks, grown/tasks)
+	}
 }
