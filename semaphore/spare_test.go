@@ -441,19 +441,17 @@ func TestSpareSeatsComeBackForAParkedTask(t *testing.T) {
 // from the spare seats', which kept every lent seat in it: about 115 bytes
 // a task, for as long as the spare seats stayed lent.)
 func TestSpareSeatsKeepNothingOfTheirTasks(t *testing.T) {
-	srv := redistest.Start(t)
-	s := newService(t, srv.Client(), withSpares(8))
-	key := uniqueKey(t)
-	opener := openSpares(t, s, key, 100)
-	// One lent seat stays held throughout, so that the spare seats never
-	// idle and go back.
-	anchor := enterSeat(t, s, key, 100, "anchor")
 	heap := func() int64 {
 		runtime.GC()
 		var m runtime.MemStats
 		runtime.ReadMemStats(&m)
 		return int64(m.HeapAlloc)
 	}
+	s, key := newService(t, redistest.Start(t).Client(), withSpares(8)), uniqueKey(t)
+	opener := openSpares(t, s, key, 100)
+	// One lent seat stays held throughout, so that the spare seats never
+	// idle and go back.
+	anchor := enterSeat(t, s, key, 100, "anchor")
 	const tasks = 50000
 	before := heap()
 	for i := range tasks {
