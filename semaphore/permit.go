@@ -21,6 +21,7 @@ type Permit struct {
 	cfg       acquireConfig
 	from      *spareBlock   // the spare seats it was lent from; nil for its own seat
 	unfollow  func() bool   // a lent seat: ends its loss with the spare seats' (see lendSpare)
+	returned  bool          // a lent seat: taken back by its spare seats (guarded by their mu)
 	pending   *pendingFence // a seat handed over in memory, until its move answers (handover.go)
 	fenceOnce sync.Once     // draws the fence of a lent seat, or waits for a handed-over one's
 

@@ -148,13 +148,18 @@ func (s *Service) openSpare(req request, member string, n int, p *Permit) {
 }
 
 // returnSpare takes back p's seat, lent from spare seats. It reports
-// whether the spare seats were still held.
+// whether the spare seats were still held. A Release retried after it
+// failed (the spare seats could not shrink on the store) only retries the
+// shrink: the seat was taken back the first time.
 func (s *Service) returnSpare(ctx context.Context, p *Permit) (bool, error) {
-	p.unfollow()
 	b := p.from
 	sp := &s.spare
 	sp.mu.Lock()
-	b.used -= p.cfg.seats
+	if !p.returned {
+		p.returned = true
+		p.unfollow()
+		b.used -= p.cfg.seats
+	}
 	lost := !b.live()
 	if lost && sp.open[p.key] == b {
 		s.drainLocked(p.key, b) // what is left goes back as it frees

@@ -466,3 +466,36 @@ func TestSpareSeatsKeepNothingOfTheirTasks(t *testing.T) {
 		t.Fatalf("the heap grew by %d bytes over %d tasks on spare seats (%d a task), want it flat", grown, tasks, grown/tasks)
 	}
 }
+
+// TestSpareSeatReleaseRetriedAfterAStoreError: a seat lent from spare
+// seats that are going back (the seat channel was lost) is released while
+// the store cannot be reached: Release fails, and the caller releases it
+// again once the store is back. The seat counts as given back once: the
+// spare seats keep, on the store, the one another task still runs on.
+func TestSpareSeatReleaseRetriedAfterAStoreError(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb, proxy := proxied(t, srv, 0)
+	s, key := newService(t, rdb, withSpares(8)), uniqueKey(t)
+	opener := openSpares(t, s, key, 100)
+	first, second := enterSeat(t, s, key, 100, "first"), enterSeat(t, s, key, 100, "second")
+	// The channel is lost: the unused spare seats go back, the two lent
+	// ones stay until their tasks end.
+	if err := srv.Client().ClientKillByFilter(context.Background(), "TYPE", "pubsub").Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitfor.Condition(t, 5*time.Second, "the unused spare seats given back", func() bool { return used(t, s, key) == 3 })
+	proxy.Cut()
+	if err := first.Release(context.Background()); err == nil {
+		t.Fatal("Release with the store cut off reported no error")
+	}
+	proxy.Restore()
+	mustRelease(t, first)
+	if n := used(t, s, key); n != 2 {
+		t.Fatalf("used seats = %d after the retried Release, want 2: the opener's, and the one the second task runs on", n)
+	}
+	mustRelease(t, second)
+	mustRelease(t, opener)
+	if n := used(t, s, key); n != 0 {
+		t.Fatalf("used seats = %d after every seat was released", n)
+	}
+}
