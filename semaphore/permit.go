@@ -20,8 +20,7 @@ type Permit struct {
 	capacity  int
 	cfg       acquireConfig
 	from      *spareBlock   // the spare seats it was lent from; nil for its own seat
-	unfollow  func() bool   // a lent seat: ends its loss with the spare seats' (see lendSpare)
-	returned  bool          // a lent seat: taken back by its spare seats (guarded by their mu)
+	unfollow  func() bool   // a lent seat until it goes back: ends its loss with the spare seats' (see lendSpare; guarded by their mu)
 	pending   *pendingFence // a seat handed over in memory, until its move answers (handover.go)
 	fenceOnce sync.Once     // draws the fence of a lent seat, or waits for a handed-over one's
 

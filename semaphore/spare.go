@@ -155,9 +155,9 @@ func (s *Service) returnSpare(ctx context.Context, p *Permit) (bool, error) {
 	b := p.from
 	sp := &s.spare
 	sp.mu.Lock()
-	if !p.returned {
-		p.returned = true
+	if p.unfollow != nil { // the first return: a retry finds it nil
 		p.unfollow()
+		p.unfollow = nil
 		b.used -= p.cfg.seats
 	}
 	lost := !b.live()
