@@ -60,6 +60,10 @@ func s3(ctx context.Context, env *benchEnv, variant string, limit, callers int, 
 		waits   []float64
 		firstEr error
 	)
+	cpuStart, err := serverCPU(ctx, rdb)
+	if err != nil {
+		return err
+	}
 	stopAt := time.Now().Add(dur)
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -101,6 +105,10 @@ func s3(ctx context.Context, env *benchEnv, variant string, limit, callers int, 
 	if firstEr != nil {
 		return firstEr
 	}
+	cpuEnd, err := serverCPU(ctx, rdb)
+	if err != nil {
+		return err
+	}
 	slices.Sort(waits)
 	pct := func(p float64) float64 {
 		if len(waits) == 0 {
@@ -116,6 +124,7 @@ func s3(ctx context.Context, env *benchEnv, variant string, limit, callers int, 
 		"peer": "fleetcap", "scenario": "S3", "variant": variant, "limit": limit, "loops": callers,
 		"hold_ms": hold.Milliseconds(), "cycles_per_s": int(float64(cycles.Load()) / elapsed.Seconds()),
 		"utilization": util, "wait_p50_ms": pct(0.5), "wait_p99_ms": pct(0.99),
+		"redis_cpu_us_per_cycle": round(float64((cpuEnd-cpuStart).Microseconds())/float64(max(cycles.Load(), 1)), 1),
 	})
 }
 
