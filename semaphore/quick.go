@@ -94,7 +94,11 @@ func (s *Service) quickGive(p *Permit) (held, done bool, err error) {
 	if p.cfg.seats != 1 || s.busy.Recent(p.key) {
 		return false, false, nil
 	}
-	v, err := s.batch.of(p.k.holders).run(quickScript, p.k.quick(), "give", p.member).Slice()
+	live := "0"
+	if p.surelyLive() {
+		live = "1" // quick.lua needs no clock to tell it held
+	}
+	v, err := s.batch.of(p.k.holders).run(quickScript, p.k.quick(), "give", p.member, live).Slice()
 	if err != nil {
 		return false, true, err
 	}

@@ -2,6 +2,7 @@ package semaphore_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -146,5 +147,73 @@ func TestEnterAfterAsideLeavesNoAside(t *testing.T) {
 	defer e.Permit.Release(ctx)
 	if n, err := srv.Client().Exists(ctx, asideKey).Result(); err != nil || n != 0 {
 		t.Errorf("the token that took its seat is still aside (%s exists: %d, %v)", asideKey, n, err)
+	}
+}
+
+// TestQuickTakeDropsLapsedSeatsOnlyWhenFull: a take on the quick path
+// counts a lapsed lease as held while live and lapsed ones together leave
+// a seat free (it saves the sweep), and drops the lapsed ones once they
+// would refuse it: they never keep a seat from a caller, and the live
+// seats never pass the capacity. A Release of a seat dropped that way
+// reports it lost.
+func TestQuickTakeDropsLapsedSeatsOnlyWhenFull(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	key := uniqueKey(t)
+	s := newService(t, rdb)
+	ctx := context.Background()
+	const capacity = 3
+	var lapsed []*semaphore.Permit
+	for range 2 {
+		lapsed = append(lapsed, mustAcquire(t, s, key, capacity, semaphore.WithTTL(time.Minute)))
+	}
+	now, err := rdb.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range lapsed {
+		z := redis.Z{Score: float64(now.Add(-time.Second).UnixMilli()), Member: p.ID()}
+		if err := rdb.ZAddXX(ctx, storeKey(key, "holders"), z).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	members := func() int64 {
+		n, err := rdb.ZCard(ctx, storeKey(key, "holders")).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// Each take is another process's (a Service that took the last seat
+	// sends its next call to the waiting room's scripts, which sweep).
+	var live []*semaphore.Permit
+	for i, want := range []int64{3, 2, 3} {
+		p, err := newService(t, rdb).TryAcquire(ctx, key, capacity)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p == nil {
+			t.Fatalf("take %d was refused with %d live seats of %d", i+1, len(live), capacity)
+		}
+		live = append(live, p)
+		if got := members(); got != want {
+			t.Errorf("after take %d the key holds %d members (live and lapsed), want %d", i+1, got, want)
+		}
+	}
+	if p, err := newService(t, rdb).TryAcquire(ctx, key, capacity); err != nil || p != nil {
+		t.Fatalf("a fourth take with 3 live seats of 3: permit %v, err %v; want none", p, err)
+	}
+	if used, err := s.UsedPermits(ctx, key); err != nil || used != capacity {
+		t.Fatalf("UsedPermits = %d, %v; want %d", used, err, capacity)
+	}
+	for _, p := range lapsed {
+		if err := p.Release(ctx); !errors.Is(err, semaphore.ErrPermitNotHeld) {
+			t.Errorf("Release of a lapsed seat dropped by a take: %v, want ErrPermitNotHeld", err)
+		}
+	}
+	for _, p := range live {
+		if err := p.Release(ctx); err != nil {
+			t.Errorf("Release of a live seat: %v", err)
+		}
 	}
 }

@@ -14,10 +14,25 @@
 --         lease ms, ARGV[4] capacity. One seat.
 --         Reply: {'seat', now ms, fence, seats left free} | {'full', now ms}
 --         | {'room'}
--- ARGV[1] 'give': ARGV[2] member (one seat).
+-- ARGV[1] 'give': ARGV[2] member (one seat), ARGV[3] '1' when the
+--         caller knows the lease is live (it has over half its TTL to
+--         run by the caller's clock, see Permit.surelyLive): the seat is
+--         then held when it is there, and the call needs no clock.
 --         Reply: {'held' | 'lost'} | {'room'}
+--
+-- A take drops lapsed leases only when the live and lapsed ones together
+-- leave no seat free: a lapsed lease still counted never lets a take
+-- past the capacity, and a key with seats to spare needs no sweep (the
+-- monitoring counts live leases by their expiry, holders.lua).
 
 if redis.call('EXISTS', KEYS[2], KEYS[3], KEYS[4], KEYS[5]) > 0 then return {'room'} end
+
+if ARGV[1] == 'give' and ARGV[3] == '1' then
+  if redis.call('ZREM', KEYS[1], ARGV[2]) == 0 then return {'lost'} end
+  -- The last seat is back: the key idles, and its fence goes with it.
+  if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('DEL', KEYS[6]) end
+  return {'held'}
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -25,15 +40,19 @@ if ARGV[1] == 'give' then
   local s = redis.call('ZSCORE', KEYS[1], ARGV[2])
   if not s then return {'lost'} end
   redis.call('ZREM', KEYS[1], ARGV[2])
-  -- The last seat is back: the key idles, and its fence goes with it.
   if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('DEL', KEYS[6]) end
   if tonumber(s) > now then return {'held'} end
   return {'lost'}
 end
 
 local ttl = tonumber(ARGV[3])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local free = tonumber(ARGV[4]) - redis.call('ZCARD', KEYS[1])
+local capacity = tonumber(ARGV[4])
+local held = redis.call('ZCARD', KEYS[1])
+if held >= capacity then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  held = redis.call('ZCARD', KEYS[1])
+end
+local free = capacity - held
 if free <= 0 then
   if redis.call('EXISTS', KEYS[7]) == 1 then return {'room'} end
   return {'full', now}
