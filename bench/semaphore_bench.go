@@ -60,6 +60,10 @@ func s3(ctx context.Context, env *benchEnv, variant string, limit, callers int, 
 		waits   []float64
 		firstEr error
 	)
+	cmdsStart, err := commandCount(ctx, rdb)
+	if err != nil {
+		return err
+	}
 	cpuStart, err := serverCPU(ctx, rdb)
 	if err != nil {
 		return err
@@ -109,6 +113,13 @@ func s3(ctx context.Context, env *benchEnv, variant string, limit, callers int, 
 	if err != nil {
 		return err
 	}
+	cmdsEnd, err := commandCount(ctx, rdb)
+	if err != nil {
+		return err
+	}
+	// The calls between the two counts that are not the cycles': the
+	// first count itself and the two reads of the CPU.
+	const readsBetween = 3
 	slices.Sort(waits)
 	pct := func(p float64) float64 {
 		if len(waits) == 0 {
@@ -125,6 +136,7 @@ func s3(ctx context.Context, env *benchEnv, variant string, limit, callers int, 
 		"hold_ms": hold.Milliseconds(), "cycles_per_s": int(float64(cycles.Load()) / elapsed.Seconds()),
 		"utilization": util, "wait_p50_ms": pct(0.5), "wait_p99_ms": pct(0.99),
 		"redis_cpu_us_per_cycle": round(float64((cpuEnd-cpuStart).Microseconds())/float64(max(cycles.Load(), 1)), 1),
+		"redis_cmds_per_cycle":   round(float64(cmdsEnd-cmdsStart-readsBetween)/float64(max(cycles.Load(), 1)), 2),
 	})
 }
 
