@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/fleetcap/fleetcap/semaphore"
 )
 
@@ -60,11 +62,7 @@ func s3(ctx context.Context, env *benchEnv, variant string, limit, callers int, 
 		waits   []float64
 		firstEr error
 	)
-	cmdsStart, err := commandCount(ctx, rdb)
-	if err != nil {
-		return err
-	}
-	cpuStart, err := serverCPU(ctx, rdb)
+	cmdsStart, cpuStart, err := serverUse(ctx, rdb)
 	if err != nil {
 		return err
 	}
@@ -109,17 +107,13 @@ func s3(ctx context.Context, env *benchEnv, variant string, limit, callers int, 
 	if firstEr != nil {
 		return firstEr
 	}
-	cpuEnd, err := serverCPU(ctx, rdb)
-	if err != nil {
-		return err
-	}
-	cmdsEnd, err := commandCount(ctx, rdb)
+	cmdsEnd, cpuEnd, err := serverUse(ctx, rdb)
 	if err != nil {
 		return err
 	}
 	// The calls between the two counts that are not the cycles': the
-	// first count itself and the two reads of the CPU.
-	const readsBetween = 3
+	// first count itself and the first read of the CPU.
+	const readsBetween = 2
 	slices.Sort(waits)
 	pct := func(p float64) float64 {
 		if len(waits) == 0 {
@@ -195,4 +189,14 @@ func runS4(ctx context.Context, env *benchEnv) error {
 func round(x float64, places int) float64 {
 	p := math.Pow(10, float64(places))
 	return math.Round(x*p) / p
+}
+
+// serverUse is the Redis server's command count (INFO commandstats) and
+// CPU time so far, read in that order.
+func serverUse(ctx context.Context, rdb *redis.Client) (cmds int64, cpu time.Duration, err error) {
+	if cmds, err = commandCount(ctx, rdb); err != nil {
+		return 0, 0, err
+	}
+	cpu, err = serverCPU(ctx, rdb)
+	return cmds, cpu, err
 }
