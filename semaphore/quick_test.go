@@ -217,3 +217,32 @@ func TestQuickTakeDropsLapsedSeatsOnlyWhenFull(t *testing.T) {
 		}
 	}
 }
+
+// TestQuickGiveOfALiveLeaseAsksNoClock: giving back a seat on the quick
+// path whose lease has over half its TTL to run reads neither the
+// server's clock nor the lease: its ZREM says the seat was held.
+func TestQuickGiveOfALiveLeaseAsksNoClock(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	s, key := newService(t, rdb), uniqueKey(t)
+	ctx := context.Background()
+	p := mustAcquire(t, s, key, 5, semaphore.WithTTL(time.Minute))
+	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stats, err := rdb.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stats, "cmdstat_zrem:") {
+		t.Fatalf("the give made no ZREM; commandstats:\n%s", stats)
+	}
+	for _, cmd := range []string{"time", "zscore"} {
+		if strings.Contains(stats, "cmdstat_"+cmd+":") {
+			t.Errorf("the give of a live lease called %s; commandstats:\n%s", strings.ToUpper(cmd), stats)
+		}
+	}
+}
