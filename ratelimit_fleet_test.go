@@ -416,7 +416,7 @@ func producerHoldsBackTasksBeyondTheRate(t *testing.T, k rateKey) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	duty, last, asks := lim.RedisKey(k.rendered)+":duty", time.Duration(-2), 0
+	duty, last, asks := lim.DutyKey(k.rendered), time.Duration(-2), 0
 	took := waitfor.Condition(t, 5*time.Second, "the producer asks for the room twice", func() bool {
 		ttl := srv.Client().PTTL(context.Background(), duty).Val()
 		if ttl > last {

@@ -73,9 +73,8 @@ func TestParkInAnEmptyRoomNudgesTheLoop(t *testing.T) {
 	if n, err := a.parkToken(ctx, l, "q\x00late", false); err != nil || n != 1 {
 		t.Fatalf("park in the empty room = %d, %v, want 1", n, err)
 	}
-	room := lim.RedisKey("api") + ":room"
 	waitfor.Condition(t, 300*time.Millisecond, "the token parked in the empty room is handed out", func() bool {
-		n, err := rdb.Exists(ctx, room).Result()
+		n, err := lim.Waiting(ctx, "api")
 		return err == nil && n == 0
 	})
 	t.Logf("handed out %s after the park", time.Since(start).Round(time.Millisecond))
@@ -162,7 +161,7 @@ func TestBusyTaskStepsAsideForTheNext(t *testing.T) {
 // old place in line when its task comes back to park, instead of spending
 // the hand-out and going to the back of the line.
 func TestBusyTaskStepsAsideFromARateRoom(t *testing.T) {
-	a, lim, l := startRateAdmitter(t)
+	a, _, l := startRateAdmitter(t)
 	rdb, ctx := a.Redis, context.Background()
 	info, err := asynq.NewClientFromRedisClient(rdb).Enqueue(asynq.NewTask("job", nil), asynq.Queue("q"))
 	if err != nil {
@@ -178,10 +177,10 @@ func TestBusyTaskStepsAsideFromARateRoom(t *testing.T) {
 		t.Fatal(err)
 	}
 	after := rdb.Time(ctx).Val().UnixMicro()
-	aside := lim.RedisKey("api") + ":aside"
+	aside := semaphore.DefaultPrefix + "paced:{api}:aside" // the rate limit's paced room
 	waitfor.Condition(t, 5*time.Second, "the busy task's token keeps its arrival aside", func() bool {
-		arrival, err := rdb.HGet(ctx, aside, busy).Int64()
-		return err == nil && arrival >= before && arrival <= after
+		arrival, err := rdb.ZScore(ctx, aside, busy).Result()
+		return err == nil && int64(arrival) >= before && int64(arrival) <= after
 	})
 }
 

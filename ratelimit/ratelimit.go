@@ -3,7 +3,9 @@
 // the Redis server's clock, so that workers with skewed clocks neither
 // over-admit nor starve. The algorithm is github.com/go-redis/redis_rate's;
 // this package adds Cluster-safe keys, a look that spends nothing (Peek),
-// argument checks and an observer for metrics.
+// argument checks, an observer for metrics, and the pace at which tasks
+// that wait for tokens leave their waiting room (NextDue; the rooms are
+// package semaphore's).
 //
 // Each limited key is one Redis string (its theoretical arrival time) that
 // expires once the key has been idle long enough to be back at full burst.
@@ -11,7 +13,6 @@ package ratelimit
 
 import (
 	"context"
-	"crypto/rand"
 	_ "embed"
 	"errors"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetcap/fleetcap/internal/rediskey"
+	"github.com/fleetcap/fleetcap/semaphore"
 )
 
 // DefaultPrefix starts every rate-limit key this package writes, after the
@@ -119,14 +121,16 @@ type Observer interface {
 }
 
 // Limiter takes tokens from fleet-wide rate limits. It is safe for
-// concurrent use. Besides its Redis client it holds only its name in the
-// rooms' duty leases and when it last took each (see NextDue).
+// concurrent use. Besides its Redis client it holds only its rooms' client
+// and when it last took each room's duty (see NextDue).
 type Limiter struct {
 	rdb    redis.UniversalClient
 	gcra   *redis_rate.Limiter
 	prefix string
 	obs    Observer
-	id     string // this Limiter's name in the rooms' duty leases: its ID, "/0" when EnqueueOnly, "/1" else
+	// rooms are the limits' waiting rooms: paced rooms of package
+	// semaphore (see NextDue)
+	rooms *semaphore.PacedRooms
 	// enqueueOnly is Options.EnqueueOnly.
 	enqueueOnly bool
 	duties      duties
@@ -142,11 +146,11 @@ func New(rdb redis.UniversalClient, opts Options) (*Limiter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ratelimit: New: Prefix %w", err)
 	}
-	role := "/1"
-	if opts.EnqueueOnly {
-		role = "/0"
+	rooms, err := semaphore.NewPacedRooms(rdb, prefix, opts.EnqueueOnly)
+	if err != nil {
+		return nil, fmt.Errorf("ratelimit: New: %w", err)
 	}
-	return &Limiter{rdb: rdb, gcra: redis_rate.NewLimiter(rdb), prefix: prefix, obs: opts.Observer, id: rand.Text() + role, enqueueOnly: opts.EnqueueOnly}, nil
+	return &Limiter{rdb: rdb, gcra: redis_rate.NewLimiter(rdb), prefix: prefix, obs: opts.Observer, rooms: rooms, enqueueOnly: opts.EnqueueOnly}, nil
 }
 
 // Take takes cost tokens of key now, or takes none and says in RetryAfter

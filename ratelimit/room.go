@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"context"
-	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetcap/fleetcap/semaphore"
 )
 
 // Waiting for tokens outside any process. A scheduler whose tasks wait in a
@@ -19,104 +20,67 @@ import (
 // is ever dequeued), and asks NextDue, when the first is due, which task to
 // bring back: one token a time, in arrival order, fleet-wide (however many
 // processes ask, NextDue hands out at most one token per interval the
-// limit earns cost tokens in). Of the processes that ask, one at a time
-// holds the duty of a room (a lease of DutyLease, renewed as it asks, and
-// given up once the room is empty): only it looks at the tokens; the
-// others are told to ask again after DutyLease, and one of them takes the
-// duty over once the holder stops asking (it stopped, or died); a worker
-// takes it over from a producer at once (Options.EnqueueOnly).
+// limit earns cost tokens in). The tokens wait in the limit's waiting
+// room, a paced room of package semaphore: a room of the kind a
+// semaphore's tasks wait in, whose tokens go out at a pace. Of the
+// processes that ask, one at a time holds the duty of a room (a lease of
+// DutyLease, renewed as it asks, and given up once the room is empty):
+// only it looks at the tokens; the others are told to ask again after
+// DutyLease, and one of them takes the duty over once the holder stops
+// asking (it stopped, or died); a worker takes it over from a producer at
+// once (Options.EnqueueOnly).
 
-//go:embed room.lua
-var roomSrc string
-
-var roomScript = redis.NewScript(roomSrc)
-
-// Park puts token in key's room, keeping its place if it is there already
-// (or the arrival it had when a hand-out set it aside, StepAside), and
-// returns how many tokens wait there now, token included. The room lapses
-// ttl after its last Park.
+// Park puts token in key's room (semaphore.PacedRooms.Park), and returns
+// how many tokens wait there now, token included.
 func (l *Limiter) Park(ctx context.Context, key, token string, ttl time.Duration) (int, error) {
-	return l.park(ctx, key, token, ttl, false)
+	return l.rooms.Park(ctx, key, token, ttl, false)
 }
 
-// ParkNew is Park for a token made just now, which cannot have been set
+// ParkNew is Park for a token made just now, which cannot have stepped
 // aside: it costs one command less.
 func (l *Limiter) ParkNew(ctx context.Context, key, token string, ttl time.Duration) (int, error) {
-	return l.park(ctx, key, token, ttl, true)
-}
-
-func (l *Limiter) park(ctx context.Context, key, token string, ttl time.Duration, fresh bool) (int, error) {
-	if key == "" || token == "" || ttl < time.Millisecond {
-		return 0, fmt.Errorf("ratelimit: Park wants a key, a token and a ttl of at least 1ms, got %q, %q, %s", key, token, ttl)
-	}
-	isNew := "0"
-	if fresh {
-		isNew = "1"
-	}
-	n, err := roomScript.Run(ctx, l.rdb, l.roomKeys(key), "park", token, ttl.Milliseconds(), isNew).Int()
-	if err != nil {
-		return 0, fmt.Errorf("ratelimit: park on %q: %w", key, err)
-	}
-	return n, nil
+	return l.rooms.Park(ctx, key, token, ttl, true)
 }
 
 // Void takes back a hand-out of key's room (NextDue) whose task no longer
-// waits (an operator deleted it, or it ran meanwhile): it does not count
-// against the pace, so the next token is handed out one interval of cost
+// waits (semaphore.PacedRooms.Void): the next comes one interval of cost
 // tokens sooner.
 func (l *Limiter) Void(ctx context.Context, key string, limit Limit, cost int) error {
 	if err := checkArgs(key, limit, cost); err != nil {
 		return err
 	}
-	if err := roomScript.Run(ctx, l.rdb, l.roomKeys(key), "void", l.handOutGap(limit, cost)).Err(); err != nil {
-		return fmt.Errorf("ratelimit: room of %q: %w", key, err)
-	}
-	return nil
+	return l.rooms.Void(ctx, key, l.handOutGap(limit, cost))
 }
 
 // StepAside takes back a hand-out of key's room, as Void does, whose task
-// waits in a paused queue, or is still in a worker's hands: the task runs,
-// or parks again, once its queue resumes or it comes back, and a Park of
-// its token within ttl gives it back the arrival it had, ahead of the
-// tokens parked after it.
+// waits in a paused queue, or is still in a worker's hands; a Park of its
+// token within ttl gives it back its arrival (semaphore.PacedRooms.StepAside).
 func (l *Limiter) StepAside(ctx context.Context, key string, h Handout, limit Limit, cost int, ttl time.Duration) error {
 	if err := checkArgs(key, limit, cost); err != nil {
 		return err
 	}
-	if h.Token == "" || ttl < time.Millisecond {
-		return fmt.Errorf("ratelimit: StepAside wants a token and a ttl of at least 1ms, got %q, %s", h.Token, ttl)
-	}
-	err := roomScript.Run(ctx, l.rdb, l.roomKeys(key), "aside", l.handOutGap(limit, cost), h.Token, h.Arrival,
-		ttl.Milliseconds()).Err()
-	if err != nil {
-		return fmt.Errorf("ratelimit: room of %q: %w", key, err)
-	}
-	return nil
+	return l.rooms.StepAside(ctx, key, h, l.handOutGap(limit, cost), ttl)
 }
 
-// handOutGap is the µs between two hand-outs of a room: the interval the
+// handOutGap is the time between two hand-outs of a room: the interval the
 // limit earns cost tokens in.
-func (l *Limiter) handOutGap(limit Limit, cost int) int64 {
-	return time.Duration(float64(cost) * float64(limit.Interval())).Microseconds()
+func (l *Limiter) handOutGap(limit Limit, cost int) time.Duration {
+	return time.Duration(float64(cost) * float64(limit.Interval()))
 }
 
 // Waiting returns how many tokens wait in key's room.
 func (l *Limiter) Waiting(ctx context.Context, key string) (int, error) {
-	n, err := l.rdb.ZCard(ctx, l.roomKeys(key)[0]).Result()
-	if err != nil {
-		return 0, fmt.Errorf("ratelimit: room of %q: %w", key, err)
-	}
-	return int(n), nil
+	return l.rooms.Waiting(ctx, key)
 }
+
+// DutyKey is the Redis key that names the process on duty in key's room.
+func (l *Limiter) DutyKey(key string) string { return l.rooms.DutyKey(key) }
 
 // ErrRoomEmpty is returned by NextDue when no token waits in the room.
-var ErrRoomEmpty = errors.New("ratelimit: nobody waits")
+var ErrRoomEmpty = semaphore.ErrRoomEmpty
 
 // A Handout is a token NextDue handed out of a room.
-type Handout struct {
-	Token   string // "" when none was
-	Arrival int64  // when the token was parked, server µs (see StepAside)
-}
+type Handout = semaphore.Handout
 
 // NextDue hands out the first token of key's room once cost tokens of the
 // limit are due, or hands out nothing (Handout.Token ""); either way wait is how
@@ -149,60 +113,27 @@ func (l *Limiter) NextDue(ctx context.Context, key string, limit Limit, cost int
 		}
 		return Handout{}, peek.RetryAfter, nil
 	}
-	vals, err := roomScript.Run(ctx, l.rdb, l.roomKeys(key), "pop", l.handOutGap(limit, cost), l.id,
-		DutyLease.Microseconds()).Slice()
-	if err != nil {
-		return Handout{}, 0, fmt.Errorf("ratelimit: room of %q: %w", key, err)
-	}
-	if len(vals) < 2 {
-		return Handout{}, 0, fmt.Errorf("ratelimit: room script replied %d values", len(vals))
-	}
-	h.Token, _ = vals[0].(string)
-	waitUs, _ := vals[1].(int64)
-	if h.Token == "" && waitUs < 0 {
+	h, wait, err = l.rooms.Pop(ctx, key, l.handOutGap(limit, cost), DutyLease)
+	if errors.Is(err, ErrRoomEmpty) {
 		l.duties.gave(key)
-		return Handout{}, 0, ErrRoomEmpty
 	}
-	if h.Token != "" {
-		if len(vals) != 3 {
-			return Handout{}, 0, fmt.Errorf("ratelimit: room script handed out %q with %d values", h.Token, len(vals))
-		}
-		arrival, _ := vals[2].(string)
-		us, err := strconv.ParseFloat(arrival, 64) // a sorted set's score
-		if err != nil {
-			return Handout{}, 0, fmt.Errorf("ratelimit: room script replied arrival %q: %w", arrival, err)
-		}
-		h.Arrival = int64(us)
-	}
-	return h, time.Duration(waitUs) * time.Microsecond, nil
+	return h, wait, err
 }
 
 // takeDuty takes or renews this Limiter's duty of key's room: 0 on duty,
 // DutyLease (the wait before asking again) when another process holds it,
 // ErrRoomEmpty when nobody waits.
 func (l *Limiter) takeDuty(ctx context.Context, key string) (time.Duration, error) {
-	held, err := roomScript.Run(ctx, l.rdb, l.roomKeys(key), "duty", l.id, DutyLease.Milliseconds()).Int64Slice()
-	switch {
-	case err != nil:
-		return 0, fmt.Errorf("ratelimit: duty of the room of %q: %w", key, err)
-	case len(held) != 2:
-		return 0, fmt.Errorf("ratelimit: room script replied %d values to duty", len(held))
-	case held[1] == 1:
+	onDuty, err := l.rooms.Duty(ctx, key, DutyLease)
+	if err != nil || !onDuty {
 		l.duties.gave(key)
-		return 0, ErrRoomEmpty
-	case held[0] == 0:
-		l.duties.gave(key)
+		if err != nil {
+			return 0, err
+		}
 		return DutyLease, nil
 	}
 	l.duties.took(key)
 	return 0, nil
-}
-
-// roomKeys are the keys of key's room (see room.lua), in the hash tag of
-// key's limit.
-func (l *Limiter) roomKeys(key string) []string {
-	base := "rate:" + l.redisKey(key)
-	return []string{base + ":room", base + ":next", base + ":duty", base + ":served", base + ":aside"}
 }
 
 // DutyLease is how long a process's duty of handing out a room's tokens

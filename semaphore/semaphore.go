@@ -43,6 +43,11 @@
 // a Service with Options.SpareSeats takes a few spare seats of such a key
 // with a seat Enter took, and lends them to its next tasks in memory; the
 // first call anywhere that finds the key full calls them back (spare.go).
+//
+// A rate limit's tasks wait in a room of the same kind, a paced room: the
+// same line (lua/line.lua), whose tokens go out one at a time at the
+// limit's pace, not as seats free (PacedRooms, pace.go; package ratelimit
+// sets the pace).
 package semaphore
 
 import (
@@ -74,11 +79,11 @@ func script(name string) *redis.Script {
 	return redis.NewScript(luaFile(name))
 }
 
-// roomScript is a script that uses the functions of room.lua, which come
-// first (after nextfence.lua). Its KEYS are those of keys.all; its ARGV
-// are name/value pairs.
+// roomScript is a script that uses the functions of line.lua and room.lua,
+// which come first (after nextfence.lua). Its KEYS are those of keys.all;
+// its ARGV are name/value pairs.
 func roomScript(name string) *redis.Script {
-	return redis.NewScript(roomDefaults + luaFile("nextfence.lua") + luaFile("room.lua") + luaFile(name))
+	return redis.NewScript(roomDefaults + luaFile("nextfence.lua") + luaFile("line.lua") + luaFile("room.lua") + luaFile(name))
 }
 
 // roomDefaults are the room scripts' defaults, from this package's.
@@ -233,7 +238,11 @@ type keys struct {
 }
 
 func (s *Service) keysFor(key string) keys {
-	base := s.prefix + "{" + rediskey.HashTag(key) + "}:"
+	return keysAt(s.prefix + "{" + rediskey.HashTag(key) + "}:")
+}
+
+// keysAt are the keys of a room whose names start with base.
+func keysAt(base string) keys {
 	return keys{holders: base + "holders", waiting: base + "waiting", slots: base + "slots", procs: base + "procs",
 		parked: base + "parked", places: base + "places", room: base + "room", aside: base + "aside", fence: base + "fence",
 		shares: base + "shares", reals: base + "reals", spares: base + "spares"}

@@ -5,7 +5,7 @@
 // time, so that no process fails with WRONGTYPE on another build's key or
 // misreads its data (SPEC §2.12).
 //
-// This build speaks layout 6 (Version). The layouts, and what each
+// This build speaks layout 7 (Version). The layouts, and what each
 // changed:
 //   - 1, the builds from before 46ae4d4, which recorded no version: the
 //     waiting room of a key, <semaphore.prefix>{<key>}:parked, was a LIST.
@@ -57,6 +57,16 @@
 //     places. Layout 5's since keys lapse with their TTL; a place of
 //     layout 5 left behind lapses, and its token goes back among the
 //     parked as of then, not with its arrival.
+//   - 7: a rate limit's waiting room is a paced room of package semaphore
+//     (pace.go), a waiting room of the kind a semaphore's is, under
+//     <prefix>paced:{<tag>}: :parked, :aside (a ZSET, where layout 6 kept
+//     rate:<prefix>{<tag>}:aside as a HASH), and :next, :duty and :served,
+//     where layout 6 kept rate:<prefix>{<tag>}:room, :next, :duty, :served
+//     and :aside. A layout-6 process would not find the tokens. Layout
+//     6's rooms lapse with their TTL; the tasks that waited in them come
+//     back by themselves at their worker.parked_retry delay (they were
+//     enqueued scheduled for it) and wait anew, behind the tokens parked
+//     since. The limits' tokens (rate:<prefix>{<tag>}) keep their name.
 //
 // The record is one Redis hash, fleetcap:layout (Key), without a TTL. Its
 // field "version" is the layout the fleet's data is in; a field
@@ -113,7 +123,7 @@ import (
 )
 
 // Version is the Redis layout this build speaks.
-const Version = 6
+const Version = 7
 
 // Key is the Redis hash that records the layout and its live processes.
 const Key = "fleetcap:layout"

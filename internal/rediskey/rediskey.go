@@ -8,8 +8,8 @@
 //	<prefix>wake:<id>                the pub/sub channel that wakes a waiting process (package semaphore)
 //	<prefix>control                  the runtime overrides (package control; Control),
 //	<prefix>control:changed          and the channel that announces a change
-//	rate:<prefix>{<tag>}             a rate limit's tokens (package ratelimit; redis_rate puts
-//	rate:<prefix>{<tag>}:room, :next "rate:" first), and its waiting room
+//	rate:<prefix>{<tag>}             a rate limit's tokens (package ratelimit; redis_rate puts "rate:" first)
+//	<prefix>paced:{<tag>}:parked,... its waiting room, a paced room (package semaphore)
 //	rate:<prefix>rooms               the waiting rooms of rendered keys a producer noted (package ratelimit)
 //	<prefix>idle:{<queue tag>}:duty  the watch of an idle queue and its doorbell (internal/asynqx;
 //	<prefix>idle:{<queue tag>}:bell  Idle)
@@ -21,9 +21,8 @@
 // (asynq:{<queue>}:...), which fleets that share a Redis keep apart by
 // their queue names. Which names a build writes is its Redis layout:
 // changing one bumps internal/layout's Version. A name added that a build
-// of the same layout without it ignores at no cost but speed does not: a
-// rate limit's room's :aside (a paused task's arrival, see package
-// ratelimit) and rate:<prefix>rooms (the noted rooms of rendered keys,
+// of the same layout without it ignores at no cost but speed does not:
+// rate:<prefix>rooms (the noted rooms of rendered keys,
 // which such a build's workers do not look into: the tasks held back
 // there wait for their delay instead).
 package rediskey

@@ -122,7 +122,7 @@ func TestOneSlotPerKeyOnACluster(t *testing.T) {
 			switch {
 			case strings.HasPrefix(name, "t:sem:"):
 				ofSem++
-			case strings.HasPrefix(name, "rate:t:rl:"):
+			case strings.HasPrefix(name, "rate:t:rl:"), strings.HasPrefix(name, "t:rl:paced:"): // its tokens, its waiting room
 				ofLimit++
 			default:
 				t.Fatalf("key %q: a Redis key %q of neither", key, name)

@@ -1,6 +1,6 @@
 -- room.lua: what every script of a semaphore's seats and waiting room
--- shares; it is prepended to each of them (see roomScript in
--- semaphore.go). Arguments come as name/value pairs (args), replies go as
+-- shares; it is prepended to each of them, after line.lua (see roomScript
+-- in semaphore.go). Arguments come as name/value pairs (args), replies go as
 -- name/value pairs too (see reply in acquire.go). roomScript puts
 -- defaultKeyTTL before it: the ms the room's keys outlive a call that did
 -- not say (the Go package's defaultRoomTTL).
@@ -55,6 +55,11 @@
 --                  the key (see spare.go), which each gives back when
 --                  its channel hears that the key is full (recallSpares)
 --
+-- A paced room (pace.lua) is a room of this kind whose parked tokens go
+-- out one at a time at a pace (a rate limit's), not for seats and places:
+-- it keeps parked and aside only, under names of its own (pace.go), and
+-- its scripts take line.lua without the rest of this file.
+--
 -- Fair share. A token that asks with a share value (its tenant, say) and
 -- a weight gets a virtual arrival (start-time fair queueing): the arrival
 -- at the head of the line (or now, when nobody waits), or its value's
@@ -63,30 +68,6 @@
 -- 1, first come first served within a value, and a value with nothing
 -- waiting holds nothing back; everything else orders tokens by arrival as
 -- before.
-
--- given is the call's arguments, once args read them.
-local given = {}
-
--- args reads ARGV's name/value pairs.
-local function args()
-  local a = {}
-  for i = 1, #ARGV, 2 do a[ARGV[i]] = ARGV[i + 1] end
-  given = a
-  return a
-end
-
--- clock reads the server's time in milliseconds; it returns TIME's reply
--- too, for micros.
-local function clock()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000), t
-end
-
--- micros is a TIME reply as the 16-digit string of microseconds that
--- arrivals are kept in.
-local function micros(t)
-  return t[1] .. string.format('%06d', tonumber(t[2]))
-end
 
 -- sweptAt is when (server ms) this call last dropped lapsed leases: once
 -- a call is enough.
@@ -189,44 +170,6 @@ local function dropRoom()
   roomRead = nil
 end
 
--- placeMember is a token's member of places: the token, a tab, and its
--- arrival, as the call that made the place had it (a token may hold a tab;
--- an arrival never does).
-local function placeMember(token, arrival)
-  return token .. '\t' .. arrival
-end
-
--- splitPlace reads a member of places back: its token and arrival.
-local function splitPlace(m)
-  local token, arrival = string.match(m, '^(.*)\t([^\t]*)$')
-  if not token then return m, nil end
-  return token, arrival
-end
-
--- placeOf looks for a token's member of places, among all of them (they
--- are few: the standby budget, or the seats free), when the caller does
--- not know the arrival it was made with: the member and the arrival, or
--- nil when it holds no place.
-local function placeOf(token)
-  for _, m in ipairs(redis.call('ZRANGE', KEYS[6], 0, -1)) do
-    local tok, arrival = splitPlace(m)
-    if tok == token and arrival then return m, arrival end
-  end
-  return nil
-end
-
--- unplace takes a token's standby place, if it holds one (its arrival
--- goes with it); it reports whether it held one. A caller that knows the
--- arrival the place was made with (arrival; '': it knows the token holds
--- none) saves looking for it; a place made since with another (it lapsed,
--- and the token was let out again) is looked for.
-local function unplace(token, arrival)
-  if arrival == '' then return false end
-  if arrival and redis.call('ZREM', KEYS[6], placeMember(token, arrival)) == 1 then return true end
-  local m = placeOf(token)
-  return m ~= nil and redis.call('ZREM', KEYS[6], m) == 1
-end
-
 -- forgetNotes takes what is left of a token out of the room for good once
 -- its place is gone (placed: it held one, see unplace): its arrival kept
 -- aside (a token in a place is never aside: each way into places leaves
@@ -315,10 +258,6 @@ local function noteShare(a, token, arrival, nowus)
   redis.call('PEXPIRE', KEYS[11], keyttl)
 end
 
--- asideFor is how long, in µs, a token that stepped aside keeps its place
--- at most; the key itself lapses with the room's other keys.
-local asideFor = 3600 * 1000000
-
 -- stepAside takes a token out of the room, giving up its standby place if
 -- it holds one, but keeps its arrival for when its task comes back.
 local function stepAside(token, nowus)
@@ -328,31 +267,12 @@ local function stepAside(token, nowus)
   -- (A token found parked, waiting or aside holds no place.)
   forget(token, placed and arrival or '')
   if not arrival then return end
-  redis.call('ZADD', KEYS[8], arrival, token)
+  keepAside(token, arrival, keyttl, nowus)
   if real then
     -- A fair key's token keeps its real arrival too.
     redis.call('HSET', KEYS[11], token, real)
     redis.call('PEXPIRE', KEYS[11], keyttl)
   end
-  redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', '(' .. string.format('%d', tonumber(nowus) - asideFor))
-  redis.call('PEXPIRE', KEYS[8], keyttl)
-end
-
--- park puts a token among the parked with its arrival, out of any slot
--- and place (its wait in a slot ended, or it never had one: new, and in
--- none of them; place as unplace's arrival). It reports whether the token
--- gave up a place.
-local function park(token, arrival, new, place)
-  if new then
-    redis.call('ZADD', KEYS[5], 'NX', arrival, token)
-    return false
-  end
-  redis.call('ZREM', KEYS[2], token)
-  redis.call('HDEL', KEYS[3], token)
-  local placed = unplace(token, place)
-  redis.call('ZREM', KEYS[8], token)
-  redis.call('ZADD', KEYS[5], 'NX', arrival, token)
-  return placed
 end
 
 -- goneAfter is how long, in ms, a process's presence may have lapsed
