@@ -16,7 +16,7 @@ import (
 	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
 	"github.com/fleetcap/fleetcap/internal/testutil/waitfor"
 	"github.com/fleetcap/fleetcap/monitoring/workermon"
-	"github.com/fleetcap/fleetcap/ratelimit"
+	"github.com/fleetcap/fleetcap/semaphore"
 	"github.com/fleetcap/fleetcap/worker"
 )
 
@@ -412,11 +412,12 @@ func producerHoldsBackTasksBeyondTheRate(t *testing.T, k rateKey) {
 	// DutyLease later, and is told each time that no worker runs: once it
 	// asked twice (the duty's TTL went up twice), nothing may have come
 	// back.
-	lim, err := ratelimit.New(srv.Client(), ratelimit.Options{})
+	sem, err := semaphore.New(srv.Client(), semaphore.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	duty, last, asks := lim.DutyKey(k.rendered), time.Duration(-2), 0
+	defer func() { _ = sem.Close() }()
+	duty, last, asks := sem.PacedRooms(false).DutyKey(k.rendered), time.Duration(-2), 0
 	took := waitfor.Condition(t, 5*time.Second, "the producer asks for the room twice", func() bool {
 		ttl := srv.Client().PTTL(context.Background(), duty).Val()
 		if ttl > last {

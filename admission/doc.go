@@ -90,7 +90,7 @@
 //     (see Gate: the enqueue as scheduled, 4, and the park, 5), so a
 //     task is dequeued once, when its tokens are due: the room's
 //     hand-out (the look at the limit, 4, and the pop, 6; one process
-//     at a time hands a room's tokens out, ratelimit.DutyLease, and it
+//     at a time hands a room's tokens out, semaphore.DutyLease, and it
 //     asks again only when the next hand-out is due), the wake-up,
 //     which the process on duty makes a dequeue of its own (claim.lua,
 //     7 with its call, in place of wake.lua, 6, a dequeue, 7, and an

@@ -36,7 +36,7 @@ import (
 // sent to their queue (a bucket of the limit's rate and burst in memory):
 // no call to Redis either way. The Gate brings the tasks of the rooms it
 // parked in back while it is open, one process per room at a time
-// (ratelimit.DutyLease); the workers look into the rooms of plain keys
+// (semaphore.DutyLease); the workers look into the rooms of plain keys
 // every SweepInterval, and into those of rendered keys (caps' and rate
 // limits') that a Gate noted as it parked a task in them first
 // (ratelimit.NoteRoom), so that tasks a producer left behind are brought
@@ -103,11 +103,12 @@ func (g *Gate) open(ctx context.Context) error {
 	if err != nil {
 		return errors.Join(err, lease.Close(), sem.Close(), rdb.Close())
 	}
-	lim, err := ratelimit.New(rdb, ratelimit.Options{Prefix: g.cfg.Semaphore.Prefix, EnqueueOnly: true})
+	lim, err := ratelimit.New(rdb, ratelimit.Options{Prefix: g.cfg.Semaphore.Prefix})
 	if err != nil {
 		return errors.Join(err, lease.Close(), sem.Close(), rdb.Close())
 	}
-	adm, err := New(Options{Redis: rdb, Table: g.table, Semaphore: sem, Limiter: lim, Sizes: overrides, Logger: g.log, ParkedRetry: g.cfg.Worker.ParkedRetry})
+	adm, err := New(Options{Redis: rdb, Table: g.table, Semaphore: sem, Limiter: lim, Sizes: overrides, Logger: g.log,
+		ParkedRetry: g.cfg.Worker.ParkedRetry, EnqueueOnly: true})
 	if err != nil {
 		return errors.Join(err, lease.Close(), sem.Close(), rdb.Close())
 	}

@@ -65,6 +65,11 @@ type Options struct {
 	Observer    Observer
 	Logger      *slog.Logger
 	ParkedRetry time.Duration // worker.parked_retry: how long the rooms keep a token
+	// EnqueueOnly says that this Admitter's process does not run the
+	// tasks it brings back from the rate limits' rooms (a producer's Gate):
+	// it hands a room's tokens out only while a worker asked for the
+	// room's duty lately, and gives the duty up to one (see roomPace).
+	EnqueueOnly bool
 	// Waker is the worker's (its Semaphore's OnWake): the tasks a rate
 	// limit's room hands out are brought back through it too, so that a
 	// worker's own next dequeue is offered them first (see
@@ -77,6 +82,7 @@ type Options struct {
 type Admitter struct {
 	Options
 	rateObs ratelimit.Observer
+	paced   *semaphore.PacedRooms // the rate limits' rooms
 
 	full  fullHints
 	rooms roomKeys // rendered keys whose rooms this process parked tasks in
@@ -107,6 +113,7 @@ func New(opts Options) (*Admitter, error) {
 	a := &Admitter{Options: opts, full: newFullHints(), recentCaps: newRecentKeys(), recentRates: newRecentKeys(),
 		sweptElsewhere: lately.Marks{For: leaveSwept, Max: 2 * roomKeysMax}} // the plain keys, and the rendered ones (roomKeys)
 	a.rateObs, _ = opts.Observer.(ratelimit.Observer)
+	a.paced = opts.Semaphore.PacedRooms(opts.EnqueueOnly)
 	return a, nil
 }
 
@@ -551,11 +558,7 @@ func (a *Admitter) parkForTokens(ctx context.Context, r Limit, token string) *Ba
 // wait in the room. A fresh token was made for a task just enqueued: it
 // cannot have stepped aside (see rateReturn).
 func (a *Admitter) parkToken(ctx context.Context, r Limit, token string, fresh bool) (int, error) {
-	park := a.Limiter.Park
-	if fresh {
-		park = a.Limiter.ParkNew
-	}
-	n, err := park(ctx, r.Key, token, 3*a.ParkedRetry)
+	n, err := a.paced.Park(ctx, r.Key, token, 3*a.ParkedRetry, fresh)
 	a.rateWakes.watch(a, r, err == nil && n == 1)
 	if err == nil && n == 1 && r.Template != "" {
 		a.noteRenderedRoom(ctx, r)

@@ -203,7 +203,7 @@ type rateLoop struct {
 	// unwatched.
 	again bool
 	// nudge wakes the loop from its wait when a task parks in an empty
-	// room (the loop may be waiting a DutyLease out while the duty's
+	// room (the loop may be waiting a semaphore.DutyLease out while the duty's
 	// holder, finding the room empty, gave the duty up), or when a task
 	// it handed a token out to did not come for it (see bring).
 	nudge chan struct{}
@@ -271,11 +271,13 @@ func (rw *rateWakes) loop(a *Admitter, r Limit, l *rateLoop) {
 		}
 	}()
 	mark := Mark(KindRate, r.Key)
+	pace := &roomPace{rooms: a.paced, lim: a.Limiter, enqueueOnly: a.EnqueueOnly}
 	for ctx.Err() == nil {
 		limit := r.Resized(a.Sizes).Rate
-		h, wait, err := a.Limiter.NextDue(ctx, r.Key, limit, r.Spec.Rate.Cost)
+		gap := paceGap(limit, r.Spec.Rate.Cost)
+		h, wait, err := pace.next(ctx, r.Key, limit, r.Spec.Rate.Cost)
 		switch {
-		case errors.Is(err, ratelimit.ErrRoomEmpty):
+		case errors.Is(err, semaphore.ErrRoomEmpty):
 			if rw.done(r.Key) {
 				return
 			}
@@ -293,10 +295,8 @@ func (rw *rateWakes) loop(a *Admitter, r Limit, l *rateLoop) {
 				defer cancel()
 				// A hand-out given back does not count against the pace: the
 				// next comes one interval of the tokens sooner.
-				gone := func(ctx context.Context) error { return a.Limiter.Void(ctx, r.Key, limit, r.Spec.Rate.Cost) }
-				aside := func(ctx context.Context) error {
-					return a.Limiter.StepAside(ctx, r.Key, h, limit, r.Spec.Rate.Cost, 3*a.ParkedRetry)
-				}
+				gone := func(ctx context.Context) error { return a.paced.Void(ctx, r.Key, gap) }
+				aside := func(ctx context.Context) error { return a.paced.StepAside(ctx, r.Key, h, gap, 3*a.ParkedRetry) }
 				// A task still in a worker's hands (its worker died, say)
 				// steps aside as one of a paused queue does: the hand-out
 				// goes to the next token, and the task takes its old place
@@ -318,4 +318,77 @@ func (rw *rateWakes) loop(a *Admitter, r Limit, l *rateLoop) {
 			t.Stop()
 		}
 	}
+}
+
+// roomPace hands out the tokens of a rate limit's room (a paced room of
+// package semaphore) for one process, at the limit's pace, in arrival
+// order, fleet-wide: however many processes ask, at most one token an
+// interval of the limit's cost goes out. Of the processes that ask, one
+// at a time holds the duty of a room (semaphore.DutyLease, renewed as it
+// asks, and given up once the room is empty): only it looks at the
+// tokens; the others are told to ask again after DutyLease, and one of
+// them takes the duty over once the holder stops asking (it stopped, or
+// died); a worker takes it over from a producer at once.
+type roomPace struct {
+	rooms       *semaphore.PacedRooms
+	lim         *ratelimit.Limiter
+	enqueueOnly bool      // a producer's: it asks for the duty every time (a worker may have taken it over)
+	dutyAt      time.Time // when this process last took or renewed the duty; zero: it does not hold it
+}
+
+// next hands out the first token of key's room once cost tokens of the
+// limit are due, or hands out nothing (Handout.Token ""); either way wait
+// is how long until the next hand-out may be due, the time to ask again.
+// While another process holds the room's duty it hands out nothing and
+// says semaphore.DutyLease. It returns semaphore.ErrRoomEmpty when no token
+// waits.
+func (p *roomPace) next(ctx context.Context, key string, limit ratelimit.Limit, cost int) (h semaphore.Handout, wait time.Duration, err error) {
+	// The duty is asked for first, unless taken within half a lease; then
+	// only when the tokens are not due (the pop says when the room is
+	// empty), so that handing out costs no call more.
+	checked := p.enqueueOnly || p.dutyAt.IsZero() || time.Since(p.dutyAt) >= semaphore.DutyLease/2
+	if checked {
+		if wait, err := p.duty(ctx, key); err != nil || wait > 0 {
+			return semaphore.Handout{}, wait, err
+		}
+	}
+	peek, err := p.lim.Peek(ctx, key, limit, cost)
+	if err != nil {
+		return semaphore.Handout{}, 0, err
+	}
+	if !peek.Allowed {
+		if !checked {
+			if wait, err := p.duty(ctx, key); err != nil || wait > 0 {
+				return semaphore.Handout{}, wait, err
+			}
+		}
+		return semaphore.Handout{}, peek.RetryAfter, nil
+	}
+	h, wait, err = p.rooms.Pop(ctx, key, paceGap(limit, cost))
+	if err != nil {
+		p.dutyAt = time.Time{}
+	}
+	return h, wait, err
+}
+
+// duty takes or renews the duty of key's room: 0 on duty, DutyLease (the
+// wait before asking again) when another process holds it,
+// semaphore.ErrRoomEmpty when nobody waits.
+func (p *roomPace) duty(ctx context.Context, key string) (time.Duration, error) {
+	onDuty, err := p.rooms.Duty(ctx, key)
+	if err != nil || !onDuty {
+		p.dutyAt = time.Time{}
+		if err != nil {
+			return 0, err
+		}
+		return semaphore.DutyLease, nil
+	}
+	p.dutyAt = time.Now()
+	return 0, nil
+}
+
+// paceGap is the interval a limit earns cost tokens in: the time between
+// two hand-outs of its room.
+func paceGap(limit ratelimit.Limit, cost int) time.Duration {
+	return time.Duration(float64(cost) * float64(limit.Interval()))
 }

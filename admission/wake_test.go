@@ -18,29 +18,26 @@ import (
 )
 
 // TestParkInAnEmptyRoomNudgesTheLoop: a process's loop of a rate limit's
-// room that waits a DutyLease out (another process held the duty) asks
+// room that waits a semaphore.DutyLease out (another process held the duty) asks
 // again at once when a task parks in the room after it emptied, instead
 // of leaving the task there until the lease is out: the other process
 // hands out the last token, finds the room empty and gives the duty up;
 // then a task parks, and its token is handed out within 300 ms.
 func TestParkInAnEmptyRoomNudgesTheLoop(t *testing.T) {
-	a, lim, l := startRateAdmitter(t)
+	a, l := startRateAdmitter(t)
 	rdb, ctx := a.Redis, context.Background()
-	other, err := ratelimit.New(rdb, ratelimit.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	other := newPace(t, rdb, false)
 
 	// The other process holds the duty of a room with one token in it,
 	// which is not due for 200 ms: the burst is spent.
 	due := l.Rate
-	if _, err := other.Park(ctx, "api", "first", time.Minute); err != nil {
+	if _, err := other.rooms.Park(ctx, "api", "first", time.Minute, false); err != nil {
 		t.Fatal(err)
 	}
-	if res, err := other.Take(ctx, "api", due, due.Burst); err != nil || !res.Allowed {
+	if res, err := other.lim.Take(ctx, "api", due, due.Burst); err != nil || !res.Allowed {
 		t.Fatalf("spend the burst: %+v, %v", res, err)
 	}
-	if h, _, err := other.NextDue(ctx, "api", due, 1); err != nil || h.Token != "" {
+	if h, _, err := other.next(ctx, "api", due, 1); err != nil || h.Token != "" {
 		t.Fatalf("the other process's first ask = %q, %v, want the duty and nothing handed out", h.Token, err)
 	}
 	// This process's loop asks once, hears that the duty is held, and
@@ -55,7 +52,7 @@ func TestParkInAnEmptyRoomNudgesTheLoop(t *testing.T) {
 	// the burst was spent), finds the room empty and gives the duty up.
 	var handedOut string
 	waitfor.Condition(t, 5*time.Second, "the other process hands the token out", func() bool {
-		h, _, err := other.NextDue(ctx, "api", due, 1)
+		h, _, err := other.next(ctx, "api", due, 1)
 		token := h.Token
 		if err != nil {
 			t.Fatalf("the other process's hand-out: %v", err)
@@ -66,7 +63,7 @@ func TestParkInAnEmptyRoomNudgesTheLoop(t *testing.T) {
 	if handedOut != "first" {
 		t.Fatalf("the other process handed out %q, want first", handedOut)
 	}
-	if _, _, err := other.NextDue(ctx, "api", due, 1); !errors.Is(err, ratelimit.ErrRoomEmpty) {
+	if _, _, err := other.next(ctx, "api", due, 1); !errors.Is(err, semaphore.ErrRoomEmpty) {
 		t.Fatalf("the other process's next ask: %v, want ErrRoomEmpty", err)
 	}
 	start := time.Now()
@@ -74,7 +71,7 @@ func TestParkInAnEmptyRoomNudgesTheLoop(t *testing.T) {
 		t.Fatalf("park in the empty room = %d, %v, want 1", n, err)
 	}
 	waitfor.Condition(t, 300*time.Millisecond, "the token parked in the empty room is handed out", func() bool {
-		n, err := lim.Waiting(ctx, "api")
+		n, err := a.paced.Waiting(ctx, "api")
 		return err == nil && n == 0
 	})
 	t.Logf("handed out %s after the park", time.Since(start).Round(time.Millisecond))
@@ -161,7 +158,7 @@ func TestBusyTaskStepsAsideForTheNext(t *testing.T) {
 // old place in line when its task comes back to park, instead of spending
 // the hand-out and going to the back of the line.
 func TestBusyTaskStepsAsideFromARateRoom(t *testing.T) {
-	a, _, l := startRateAdmitter(t)
+	a, l := startRateAdmitter(t)
 	rdb, ctx := a.Redis, context.Background()
 	info, err := asynq.NewClientFromRedisClient(rdb).Enqueue(asynq.NewTask("job", nil), asynq.Queue("q"))
 	if err != nil {
@@ -185,30 +182,22 @@ func TestBusyTaskStepsAsideFromARateRoom(t *testing.T) {
 }
 
 // startRateAdmitter starts an Admitter on a redis-server of its own, with
-// one rate limit, api (5 a second, burst 1), and returns it, its Limiter
-// and the limit; both stop at the test's end.
-func startRateAdmitter(t *testing.T) (*Admitter, *ratelimit.Limiter, Limit) {
+// one rate limit, api (5 a second, burst 1), and returns it and the limit;
+// it stops at the test's end.
+func startRateAdmitter(t *testing.T) (*Admitter, Limit) {
 	t.Helper()
 	a := newAdmitter(t, redistest.Start(t).Client(), "tasks: {job: {rate_limits: [{key: api, rate: 5, per: 1s, burst: 1}]}}\n", semaphore.Options{})
 	runCtx, stop := context.WithCancel(context.Background())
 	t.Cleanup(func() { stop(); a.Wait() })
 	a.Start(runCtx)
-	return a, a.Limiter, Limit{Spec: a.Table.Plain(KindRate)["api"], Key: "api"}.Resized(nil)
+	return a, Limit{Spec: a.Table.Plain(KindRate)["api"], Key: "api"}.Resized(nil)
 }
 
 // newAdmitter is an Admitter on rdb for the config yaml, with a Service of
 // opts and a Limiter of its own, closed at the test's end.
 func newAdmitter(t *testing.T, rdb *redis.Client, yaml string, opts semaphore.Options) *Admitter {
 	t.Helper()
-	sem, err := semaphore.New(rdb, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = sem.Close() })
-	lim, err := ratelimit.New(rdb, ratelimit.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	sem, lim := newStores(t, rdb, opts)
 	a, err := New(Options{Redis: rdb, Table: tableFor(t, yaml), Semaphore: sem, Limiter: lim, ParkedRetry: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -291,4 +280,20 @@ func TestSeatedEnrolledTaskStaysWhereItWaits(t *testing.T) {
 	if heldByParked() {
 		t.Fatal("the token keeps its seat though its task did not come")
 	}
+}
+
+// newStores are a Service of opts, closed at the test's end, and a Limiter
+// on rdb.
+func newStores(t *testing.T, rdb redis.UniversalClient, opts semaphore.Options) (*semaphore.Service, *ratelimit.Limiter) {
+	t.Helper()
+	sem, err := semaphore.New(rdb, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sem.Close() })
+	lim, err := ratelimit.New(rdb, ratelimit.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sem, lim
 }

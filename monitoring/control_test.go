@@ -248,7 +248,7 @@ func TestRateRowsAndRateOverride(t *testing.T) {
 	}
 	for key, tokens := range map[string][]string{"slack": {"q\x00a", "q\x00b"}, "stripe:acct_1": {"q\x00c"}} {
 		for _, token := range tokens {
-			if _, err := f.limiter.Park(ctx, key, token, time.Minute); err != nil {
+			if _, err := f.sem.PacedRooms(false).Park(ctx, key, token, time.Minute, false); err != nil {
 				t.Fatal(err)
 			}
 		}

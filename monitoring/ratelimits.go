@@ -136,7 +136,7 @@ func (s *snapshotter) readRates(ctx context.Context) ([]RateLimitStatus, error) 
 			return RateLimitStatus{}, err
 		}
 		row.Remaining = &res.Remaining
-		if row.Waiting, err = s.limiter.Waiting(ctx, k.Key); err != nil {
+		if row.Waiting, err = s.sem.PacedRooms(false).Waiting(ctx, k.Key); err != nil {
 			return RateLimitStatus{}, err
 		}
 		return row, nil

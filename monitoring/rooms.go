@@ -210,7 +210,7 @@ func (c *RoomCollector) readRateRooms(ctx context.Context) ([]rateRoomRow, error
 	if err != nil {
 		return nil, err
 	}
-	sums, err := roomSums(infos, "rate rooms", func(k RateKeyInfo) (int, error) { return c.limiter.Waiting(ctx, k.Key) },
+	sums, err := roomSums(infos, "rate rooms", func(k RateKeyInfo) (int, error) { return c.sem.PacedRooms(false).Waiting(ctx, k.Key) },
 		func(sum *int, _ RateKeyInfo, n int) { *sum += n })
 	rows := make([]rateRoomRow, 0, len(sums))
 	for _, key := range slices.Sorted(maps.Keys(sums)) {

@@ -307,9 +307,10 @@ func TestRateRoomsOnMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
+	rooms := sem.PacedRooms(false)
 	for key, n := range map[string]int{"slack": 2, "stripe:acct_1": 1, "stripe:acct_2": 2} {
 		for i := range n {
-			if _, err := lim.Park(ctx, key, fmt.Sprintf("q\x00%s-%d", key, i), time.Minute); err != nil {
+			if _, err := rooms.Park(ctx, key, fmt.Sprintf("q\x00%s-%d", key, i), time.Minute, false); err != nil {
 				t.Fatal(err)
 			}
 		}

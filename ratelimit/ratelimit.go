@@ -3,9 +3,9 @@
 // the Redis server's clock, so that workers with skewed clocks neither
 // over-admit nor starve. The algorithm is github.com/go-redis/redis_rate's;
 // this package adds Cluster-safe keys, a look that spends nothing (Peek),
-// argument checks, an observer for metrics, and the pace at which tasks
-// that wait for tokens leave their waiting room (NextDue; the rooms are
-// package semaphore's).
+// argument checks and an observer for metrics. The tasks that wait for a
+// limit's tokens wait in a paced room of package semaphore, which package
+// admission hands out at the limit's pace.
 //
 // Each limited key is one Redis string (its theoretical arrival time) that
 // expires once the key has been idle long enough to be back at full burst.
@@ -23,7 +23,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetcap/fleetcap/internal/rediskey"
-	"github.com/fleetcap/fleetcap/semaphore"
 )
 
 // DefaultPrefix starts every rate-limit key this package writes, after the
@@ -95,12 +94,6 @@ type Options struct {
 	Prefix string
 	// Observer receives every Take; nil: none.
 	Observer Observer
-	// EnqueueOnly says that this Limiter's process does not run the tasks
-	// it brings back from the rooms (a producer; a worker does). Such a
-	// Limiter hands a room's tokens out only while one that runs them
-	// asked for the room's duty lately, and gives the duty up to one (see
-	// NextDue), so that no task is brought back while no worker runs.
-	EnqueueOnly bool
 }
 
 // TakeEvent describes one Take call that reached Redis.
@@ -121,19 +114,12 @@ type Observer interface {
 }
 
 // Limiter takes tokens from fleet-wide rate limits. It is safe for
-// concurrent use. Besides its Redis client it holds only its rooms' client
-// and when it last took each room's duty (see NextDue).
+// concurrent use.
 type Limiter struct {
 	rdb    redis.UniversalClient
 	gcra   *redis_rate.Limiter
 	prefix string
 	obs    Observer
-	// rooms are the limits' waiting rooms: paced rooms of package
-	// semaphore (see NextDue)
-	rooms *semaphore.PacedRooms
-	// enqueueOnly is Options.EnqueueOnly.
-	enqueueOnly bool
-	duties      duties
 }
 
 // New returns a limiter on rdb (a client, a Cluster client or a failover
@@ -146,11 +132,7 @@ func New(rdb redis.UniversalClient, opts Options) (*Limiter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ratelimit: New: Prefix %w", err)
 	}
-	rooms, err := semaphore.NewPacedRooms(rdb, prefix, opts.EnqueueOnly)
-	if err != nil {
-		return nil, fmt.Errorf("ratelimit: New: %w", err)
-	}
-	return &Limiter{rdb: rdb, gcra: redis_rate.NewLimiter(rdb), prefix: prefix, obs: opts.Observer, rooms: rooms, enqueueOnly: opts.EnqueueOnly}, nil
+	return &Limiter{rdb: rdb, gcra: redis_rate.NewLimiter(rdb), prefix: prefix, obs: opts.Observer}, nil
 }
 
 // Take takes cost tokens of key now, or takes none and says in RetryAfter

@@ -17,8 +17,8 @@ import (
 // that steps aside keeping its arrival for when its task comes back. What
 // lets a token out differs: here a pace, one token each interval the
 // limit earns its cost in (pace.lua), handed out by one process at a time
-// (the duty); package ratelimit sets the pace (ratelimit.Limiter.NextDue).
-// A paced room's keys are those of a semaphore's room under its own start,
+// (the duty); package admission asks for them as the limit's tokens come
+// due (package ratelimit). A paced room's keys are those of a semaphore's room under its own start,
 // <prefix>paced:{<key>}:, so that a key's paced room and its semaphore's
 // room never share a name, and in the same hash tag: :parked, :aside, and
 // the pace's own :next, :duty and :served.
@@ -33,33 +33,31 @@ var paceScript = redis.NewScript(luaFile("line.lua") + luaFile("pace.lua"))
 var ErrRoomEmpty = errors.New("semaphore: nobody waits in the room")
 
 // PacedRooms parks tokens in paced rooms and hands them out. It is safe for
-// concurrent use; besides its Redis client it holds only its name in the
-// rooms' duty leases.
+// concurrent use; besides the Service's Redis client it holds only its
+// name in the rooms' duty leases.
 type PacedRooms struct {
 	rdb    redis.UniversalClient
 	prefix string
 	name   string // its name in the duty leases: an ID, then "/1" for a worker, "/0" for a producer
 }
 
-// NewPacedRooms returns the paced rooms of the fleet of prefix (default
-// DefaultPrefix) on rdb. enqueueOnly says that its process does not run the
-// tasks it brings back (a producer): it hands a room's tokens out only
-// while a process that runs them (a worker) asked for the room's duty
+// PacedRooms returns a handle on the Service's paced rooms, with a duty
+// name of its own (see Duty). enqueueOnly says that its process does not
+// run the tasks it brings back (a producer): it hands a room's tokens out
+// only while a process that runs them (a worker) asked for the room's duty
 // lately, and a worker takes the duty over from it (see Pop).
-func NewPacedRooms(rdb redis.UniversalClient, prefix string, enqueueOnly bool) (*PacedRooms, error) {
-	if rdb == nil {
-		return nil, errors.New("semaphore: NewPacedRooms: nil Redis client")
-	}
-	prefix, err := rediskey.PrefixOrDefault(prefix)
-	if err != nil {
-		return nil, fmt.Errorf("semaphore: NewPacedRooms: prefix %w", err)
-	}
+func (s *Service) PacedRooms(enqueueOnly bool) *PacedRooms {
 	role := "/1"
 	if enqueueOnly {
 		role = "/0"
 	}
-	return &PacedRooms{rdb: rdb, prefix: prefix, name: rand.Text() + role}, nil
+	return &PacedRooms{rdb: s.rdb, prefix: s.prefix, name: rand.Text() + role}
 }
+
+// DutyLease is how long a process's duty of handing out a paced room's
+// tokens lasts without its asking again (see Duty), and how long the
+// other processes wait before they ask.
+const DutyLease = time.Second
 
 // A Handout is a token Pop handed out of a room.
 type Handout struct {
@@ -93,13 +91,13 @@ func (p *PacedRooms) Park(ctx context.Context, key, token string, ttl time.Durat
 // long until the next may be due, the time to ask again (after a hand-out
 // gap, or less when it was late). It hands out nothing while another
 // process holds the room's duty (see Duty), nor, for a producer's rooms,
-// while no worker asked for the duty lately: wait is then retry. It
+// while no worker asked for the duty lately: wait is then DutyLease. It
 // returns ErrRoomEmpty, and gives the duty up, when no token waits.
-func (p *PacedRooms) Pop(ctx context.Context, key string, gap, retry time.Duration) (h Handout, wait time.Duration, err error) {
+func (p *PacedRooms) Pop(ctx context.Context, key string, gap time.Duration) (h Handout, wait time.Duration, err error) {
 	if key == "" || gap <= 0 {
 		return Handout{}, 0, fmt.Errorf("semaphore: Pop wants a key and a gap above 0, got %q, %s", key, gap)
 	}
-	rep, err := p.run(ctx, key, "pop", "gap", gap.Microseconds(), "holder", p.name, "retry", retry.Microseconds())
+	rep, err := p.run(ctx, key, "pop", "gap", gap.Microseconds(), "holder", p.name, "retry", DutyLease.Microseconds())
 	if err != nil {
 		return Handout{}, 0, fmt.Errorf("semaphore: the paced room of %q: %w", key, err)
 	}
@@ -119,14 +117,14 @@ func (p *PacedRooms) Pop(ctx context.Context, key string, gap, retry time.Durati
 }
 
 // Duty takes or renews this process's duty of handing out key's tokens,
-// for lease: onDuty is false while another process holds it (a worker
+// for DutyLease: onDuty is false while another process holds it (a worker
 // takes it over from a producer). It returns ErrRoomEmpty, and gives the
 // duty up, when no token waits.
-func (p *PacedRooms) Duty(ctx context.Context, key string, lease time.Duration) (onDuty bool, err error) {
-	if key == "" || lease < time.Millisecond {
-		return false, fmt.Errorf("semaphore: Duty wants a key and a lease of at least 1ms, got %q, %s", key, lease)
+func (p *PacedRooms) Duty(ctx context.Context, key string) (onDuty bool, err error) {
+	if key == "" {
+		return false, errors.New("semaphore: Duty wants a key")
 	}
-	rep, err := p.run(ctx, key, "duty", "holder", p.name, "lease", lease.Milliseconds())
+	rep, err := p.run(ctx, key, "duty", "holder", p.name, "lease", DutyLease.Milliseconds())
 	if err != nil {
 		return false, fmt.Errorf("semaphore: the duty of the paced room of %q: %w", key, err)
 	}

@@ -20,10 +20,7 @@ func TestPacedRoomKeepsApartFromTheSemaphoresRoom(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb, ctx := srv.Client(), context.Background()
 	sem := newService(t, rdb)
-	rooms, err := semaphore.NewPacedRooms(rdb, "", false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rooms := sem.PacedRooms(false)
 	room := semaphore.Room{Hold: time.Minute, Transit: time.Minute, TTL: time.Minute}
 	if _, err := sem.Park(ctx, "k", 1, "t", room); err != nil {
 		t.Fatal(err)
@@ -39,12 +36,12 @@ func TestPacedRoomKeepsApartFromTheSemaphoresRoom(t *testing.T) {
 		}
 	}
 	gap := time.Hour
-	h, wait, err := rooms.Pop(ctx, "k", gap, time.Second)
+	h, wait, err := rooms.Pop(ctx, "k", gap)
 	// The first hand-out is spaced from now less half a gap.
 	if err != nil || h.Token != "t" || h.Arrival <= 0 || wait < gap/2-time.Second || wait > gap/2 {
 		t.Fatalf("Pop = %+v, %s, %v, want t with its arrival, and the next in half a gap", h, wait, err)
 	}
-	if h, wait, err := rooms.Pop(ctx, "k", gap, time.Second); err != nil || h.Token != "" || wait < gap/2-time.Second {
+	if h, wait, err := rooms.Pop(ctx, "k", gap); err != nil || h.Token != "" || wait < gap/2-time.Second {
 		t.Fatalf("Pop within the gap = %+v, %s, %v, want nothing for half a gap", h, wait, err)
 	}
 	if stats, err := sem.RoomStats(ctx, "k"); err != nil || stats.Parked != 1 {
@@ -53,10 +50,10 @@ func TestPacedRoomKeepsApartFromTheSemaphoresRoom(t *testing.T) {
 	if err := rooms.Void(ctx, "k", gap); err != nil {
 		t.Fatal(err)
 	}
-	if h, _, err := rooms.Pop(ctx, "k", gap, time.Second); err != nil || h.Token != "u" {
+	if h, _, err := rooms.Pop(ctx, "k", gap); err != nil || h.Token != "u" {
 		t.Fatalf("Pop after the hand-out was voided = %+v, %v, want u at once", h, err)
 	}
-	if _, _, err := rooms.Pop(ctx, "k", gap, time.Second); !errors.Is(err, semaphore.ErrRoomEmpty) {
+	if _, _, err := rooms.Pop(ctx, "k", gap); !errors.Is(err, semaphore.ErrRoomEmpty) {
 		t.Fatalf("Pop of the emptied room: %v, want ErrRoomEmpty", err)
 	}
 	if n, err := rooms.Waiting(ctx, "k"); err != nil || n != 0 {
@@ -67,25 +64,16 @@ func TestPacedRoomKeepsApartFromTheSemaphoresRoom(t *testing.T) {
 // TestPacedRoomsRefuseBadArguments: each call says what is wrong with its
 // arguments, before any call to Redis.
 func TestPacedRoomsRefuseBadArguments(t *testing.T) {
-	if _, err := semaphore.NewPacedRooms(nil, "", false); err == nil {
-		t.Error("NewPacedRooms with no client: no error")
-	}
 	srv := redistest.Start(t)
-	if _, err := semaphore.NewPacedRooms(srv.Client(), "a{b", false); err == nil {
-		t.Error("NewPacedRooms with a brace in the prefix: no error")
-	}
-	rooms, err := semaphore.NewPacedRooms(srv.Client(), "", false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rooms := newService(t, srv.Client()).PacedRooms(false)
 	ctx := context.Background()
 	for name, call := range map[string]func() error{
-		"Park with no key":       func() error { _, err := rooms.Park(ctx, "", "t", time.Minute, false); return err },
-		"Park with no token":     func() error { _, err := rooms.Park(ctx, "k", "", time.Minute, false); return err },
-		"Park with a ttl of 0":   func() error { _, err := rooms.Park(ctx, "k", "t", 0, false); return err },
-		"Pop with a gap of 0":    func() error { _, _, err := rooms.Pop(ctx, "k", 0, time.Second); return err },
-		"Duty with a lease of 0": func() error { _, err := rooms.Duty(ctx, "k", 0); return err },
-		"Void with no key":       func() error { return rooms.Void(ctx, "", time.Second) },
+		"Park with no key":     func() error { _, err := rooms.Park(ctx, "", "t", time.Minute, false); return err },
+		"Park with no token":   func() error { _, err := rooms.Park(ctx, "k", "", time.Minute, false); return err },
+		"Park with a ttl of 0": func() error { _, err := rooms.Park(ctx, "k", "t", 0, false); return err },
+		"Pop with a gap of 0":  func() error { _, _, err := rooms.Pop(ctx, "k", 0); return err },
+		"Duty with no key":     func() error { _, err := rooms.Duty(ctx, ""); return err },
+		"Void with no key":     func() error { return rooms.Void(ctx, "", time.Second) },
 		"StepAside with no token": func() error {
 			return rooms.StepAside(ctx, "k", semaphore.Handout{}, time.Second, time.Minute)
 		},

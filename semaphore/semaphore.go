@@ -46,8 +46,7 @@
 //
 // A rate limit's tasks wait in a room of the same kind, a paced room: the
 // same line (lua/line.lua), whose tokens go out one at a time at the
-// limit's pace, not as seats free (PacedRooms, pace.go; package ratelimit
-// sets the pace).
+// limit's pace, not as seats free (PacedRooms, pace.go).
 package semaphore
 
 import (

@@ -111,7 +111,7 @@ func TestOneSlotPerKeyOnACluster(t *testing.T) {
 		if _, err := lim.Take(ctx, key, limit, 1); err != nil {
 			t.Fatalf("key %q: Take: %v", key, err)
 		}
-		if _, err := lim.Park(ctx, key, "q\x00task", time.Minute); err != nil {
+		if _, err := sem.PacedRooms(false).Park(ctx, key, "q\x00task", time.Minute, false); err != nil {
 			t.Fatalf("key %q: rate Park: %v", key, err)
 		}
 
@@ -120,10 +120,10 @@ func TestOneSlotPerKeyOnACluster(t *testing.T) {
 		var ofSem, ofLimit int
 		for _, name := range names {
 			switch {
+			case strings.HasPrefix(name, "rate:t:rl:"), strings.HasPrefix(name, "t:sem:paced:"): // its tokens, its waiting room
+				ofLimit++
 			case strings.HasPrefix(name, "t:sem:"):
 				ofSem++
-			case strings.HasPrefix(name, "rate:t:rl:"), strings.HasPrefix(name, "t:rl:paced:"): // its tokens, its waiting room
-				ofLimit++
 			default:
 				t.Fatalf("key %q: a Redis key %q of neither", key, name)
 			}
