@@ -195,7 +195,7 @@ func (r *roomKeys) list(within time.Duration) []Limit {
 }
 
 // watchNotedRooms watches the rooms of rendered rate-limit keys noted
-// since the last sweep (ratelimit.NoteRoom), sweeps those of rendered cap
+// since the last sweep (semaphore.Service.NoteRenderedRoom), sweeps those of rendered cap
 // keys from now on (knownCaps), and lists their keys for monitoring; the
 // first sweep looks back as far as a room lives.
 func (a *Admitter) watchNotedRooms(ctx context.Context) {
@@ -206,7 +206,7 @@ func (a *Admitter) watchNotedRooms(ctx context.Context) {
 	lives := 3 * a.ParkedRetry
 	forget := time.Now().Add(-lives).UnixMilli()
 	since := max(a.notedSince.Load(), forget)
-	rooms, err := a.Limiter.Rooms(ctx, since, forget)
+	rooms, err := a.Semaphore.RenderedRooms(ctx, since, forget)
 	if err != nil {
 		if ctx.Err() == nil {
 			a.Logger.Warn("worker: read the rooms of rendered rate-limit keys (their tasks come back after their delay)", "err", err)

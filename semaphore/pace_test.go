@@ -86,3 +86,27 @@ func TestPacedRoomsRefuseBadArguments(t *testing.T) {
 		t.Errorf("the refused calls left %d keys", n)
 	}
 }
+
+// TestNotedRooms: RenderedRooms returns the rooms noted after a time, oldest
+// first, with their templates, and forgets those noted before another.
+func TestNotedRooms(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	l := newService(t, srv.Client())
+	start := time.Now().UnixMilli() - 1
+	if err := l.NoteRenderedRoom(ctx, "acct:{a}", "acct:x", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	rooms, err := l.RenderedRooms(ctx, start, start)
+	if err != nil || len(rooms) != 1 || rooms[0].Template != "acct:{a}" || rooms[0].Key != "acct:x" || rooms[0].At <= start {
+		t.Fatalf("RenderedRooms after one note = %+v, %v", rooms, err)
+	}
+	seen := rooms[0].At
+	if rooms, err := l.RenderedRooms(ctx, seen, start); err != nil || len(rooms) != 0 {
+		t.Fatalf("RenderedRooms after the note's time = %+v, %v, want none", rooms, err)
+	}
+	// Forgotten: nothing noted after the start is left.
+	if rooms, err := l.RenderedRooms(ctx, start, seen+1); err != nil || len(rooms) != 0 {
+		t.Fatalf("RenderedRooms once forgotten = %+v, %v, want none", rooms, err)
+	}
+}

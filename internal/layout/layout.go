@@ -67,6 +67,10 @@
 //     back by themselves at their worker.parked_retry delay (they were
 //     enqueued scheduled for it) and wait anew, behind the tokens parked
 //     since. The limits' tokens (rate:<prefix>{<tag>}) keep their name.
+//     The notes of the rooms of rendered keys move from rate:<prefix>rooms
+//     to <prefix>rooms (package semaphore); layout 6's lapse with their
+//     TTL, and the tasks of the rooms they noted come back at their
+//     delay.
 //
 // The record is one Redis hash, fleetcap:layout (Key), without a TTL. Its
 // field "version" is the layout the fleet's data is in; a field

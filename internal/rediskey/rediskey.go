@@ -10,7 +10,7 @@
 //	<prefix>control:changed          and the channel that announces a change
 //	rate:<prefix>{<tag>}             a rate limit's tokens (package ratelimit; redis_rate puts "rate:" first)
 //	<prefix>paced:{<tag>}:parked,... its waiting room, a paced room (package semaphore)
-//	rate:<prefix>rooms               the waiting rooms of rendered keys a producer noted (package ratelimit)
+//	<prefix>rooms                    the waiting rooms of rendered keys a producer noted (package semaphore)
 //	<prefix>idle:{<queue tag>}:duty  the watch of an idle queue and its doorbell (internal/asynqx;
 //	<prefix>idle:{<queue tag>}:bell  Idle)
 //
@@ -20,11 +20,7 @@
 // builds of different layouts find each other, and asynq's own keys
 // (asynq:{<queue>}:...), which fleets that share a Redis keep apart by
 // their queue names. Which names a build writes is its Redis layout:
-// changing one bumps internal/layout's Version. A name added that a build
-// of the same layout without it ignores at no cost but speed does not:
-// rate:<prefix>rooms (the noted rooms of rendered keys,
-// which such a build's workers do not look into: the tasks held back
-// there wait for their delay instead).
+// changing one bumps internal/layout's Version.
 package rediskey
 
 import (
