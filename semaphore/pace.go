@@ -13,12 +13,13 @@ import (
 )
 
 // Paced rooms. A rate limit's tasks wait in a waiting room of the kind a
-// semaphore's tasks wait in (room.lua): parked in arrival order, a token
-// that steps aside keeping its arrival for when its task comes back. What
-// lets a token out differs: here a pace, one token each interval the
-// limit earns its cost in (pace.lua), handed out by one process at a time
-// (the duty); package admission asks for them as the limit's tokens come
-// due (package ratelimit). A paced room's keys are those of a semaphore's room under its own start,
+// semaphore's tasks wait in (the line, line.lua): parked in arrival order,
+// a token that steps aside keeping its arrival for when its task comes
+// back. What lets a token out differs: here a pace, one token each
+// interval the limit earns its cost in (pace.lua), handed out by one
+// process at a time (the duty); package admission asks for them as the
+// limit's tokens come due (package ratelimit). A paced room's keys are
+// those of a semaphore's room under a start of their own,
 // <prefix>paced:{<key>}:, so that a key's paced room and its semaphore's
 // room never share a name, and in the same hash tag: :parked, :aside, and
 // the pace's own :next, :duty and :served.

@@ -1,9 +1,10 @@
--- pace.lua: a paced room (see room.lua and pace.go): the tasks that wait
--- for a rate limit's tokens, parked in arrival order, and handed out one
--- at a time, at the limit's pace, by one process at a time (the duty).
+-- pace.lua: a paced room (see pace.go): the tasks that wait for a rate
+-- limit's tokens, parked in arrival order, and handed out one at a time,
+-- at the limit's pace, by one process at a time (the duty). line.lua comes
+-- before it.
 --
--- KEYS: those of room.lua (a paced room keeps parked, KEYS[5], and aside,
--- KEYS[8]), then
+-- KEYS: those of a semaphore's room (see room.lua; a paced room keeps
+-- parked, KEYS[5], and aside, KEYS[8]), then
 --   KEYS[13] next    STRING: server µs before which no token is handed out
 --   KEYS[14] duty    STRING, leased: the process that hands tokens out
 --   KEYS[15] served  STRING, leased: a process that runs the tasks it
