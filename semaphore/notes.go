@@ -25,8 +25,8 @@ type NotedRoom struct {
 	At            int64
 }
 
-// NoteRenderedRoom notes that key's room, of a limit whose key is rendered from
-// template, took a task; the notes lapse ttl after the last.
+// NoteRenderedRoom notes that key's room, of a limit whose key is
+// rendered from template, took a task; the notes lapse ttl after the last.
 func (s *Service) NoteRenderedRoom(ctx context.Context, template, key string, ttl time.Duration) error {
 	member, err := json.Marshal([2]string{template, key})
 	if err != nil {
@@ -41,8 +41,8 @@ func (s *Service) NoteRenderedRoom(ctx context.Context, template, key string, tt
 	return nil
 }
 
-// RenderedRooms returns the rooms noted after after (Unix ms), oldest first, and
-// forgets the notes from before forget.
+// RenderedRooms returns the rooms noted after after (Unix ms), oldest
+// first, and forgets the notes from before forget.
 func (s *Service) RenderedRooms(ctx context.Context, after, forget int64) ([]NotedRoom, error) {
 	pipe, notes := s.rdb.Pipeline(), s.prefix+"rooms"
 	pipe.ZRemRangeByScore(ctx, notes, "-inf", "("+strconv.FormatInt(forget, 10))
