@@ -560,3 +560,30 @@ func TestPausedQueueSpendsNoRate(t *testing.T) {
 	pace := other * interval
 	q.runsBesideThePause(t, other, held, 2*pace+time.Second, pace)
 }
+
+// TestTasksOfALostRateRoomComeBackByThemselves: tasks a producer held back
+// in a rate limit's room still run, each once, when the room is lost (as
+// an upgrade from Redis layout 6 loses its rooms, or a flush): they were
+// enqueued scheduled for parked_retry, come back then, and wait anew.
+func TestTasksOfALostRateRoomComeBackByThemselves(t *testing.T) {
+	const tasks = 30
+	srv := redistest.Start(t)
+	yaml := strings.Replace(rateFleetYAML(srv.URL(), 10, "    rate_limits: [{key: lost-calls, rate: 20, per: 1s, burst: 2}]\n"),
+		"parked_retry: 10s", "parked_retry: 2s, delayed_task_check_interval: 200ms", 1)
+	enqueueJobs(t, newProducer(t, yaml, "job"), tasks, func(i int) string { return fmt.Sprintf(`{"i":%d}`, i) })
+	ctx := context.Background()
+	rooms, err := srv.Client().Keys(ctx, semaphore.DefaultPrefix+"paced:*").Result()
+	if err != nil || len(rooms) == 0 {
+		t.Fatalf("the rate limit's room after the enqueue: %v, %v", rooms, err)
+	}
+	if err := srv.Client().Del(ctx, rooms...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	log := newStartLog()
+	startWorkers(t, 2, yaml, map[string]asynq.HandlerFunc{"job": log.handler(0, nil)})
+	waitfor.Condition(t, 30*time.Second, "every task held back runs", func() bool { return log.done() == tasks })
+	if twice := log.ranTwice(); len(twice) > 0 {
+		t.Errorf("ran more than once: %v", twice)
+	}
+	noneArchivedIn(t, srv)
+}
