@@ -4,8 +4,10 @@
 // payload (Table), taken in one fixed order without holding a seat while
 // it waits for another (Admitter.Admit, path.go), then held while it runs
 // (Admission.Run). A task that cannot run now goes back as a Back, parked
-// in the waiting room of the limit that held it back, and is brought to
-// the dequeuing end of its queue when its turn comes (Waker, wake.go). A
+// in the waiting room of the limit that held it back (package semaphore's
+// rooms: a cap's, or a rate limit's paced room, which roomPace hands out
+// at the limit's pace), and is brought to the dequeuing end of its queue
+// when its turn comes (Waker, wake.go). A
 // producer's Gate routes a new task the same way before it is enqueued
 // (gate.go, pace.go).
 //
