@@ -2,7 +2,6 @@ package semaphore
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"time"
@@ -39,20 +38,21 @@ var ErrRoomEmpty = errors.New("semaphore: nobody waits in the room")
 type PacedRooms struct {
 	rdb    redis.UniversalClient
 	prefix string
-	name   string // its name in the duty leases: an ID, then "/1" for a worker, "/0" for a producer
+	name   string // in the duty leases: the Service's id, and "/1" for a worker, "/0" for a producer
 }
 
-// PacedRooms returns a handle on the Service's paced rooms, with a duty
-// name of its own (see Duty). enqueueOnly says that its process does not
-// run the tasks it brings back (a producer): it hands a room's tokens out
-// only while a process that runs them (a worker) asked for the room's duty
-// lately, and a worker takes the duty over from it (see Pop).
+// PacedRooms returns a handle on the Service's paced rooms, named in the
+// duty leases (see Duty) by the Service and its role: two handles of one
+// Service and role share a room's duty. enqueueOnly says that its process
+// does not run the tasks it brings back (a producer): it hands a room's
+// tokens out only while a process that runs them (a worker) asked for the
+// room's duty lately, and a worker takes the duty over from it (see Pop).
 func (s *Service) PacedRooms(enqueueOnly bool) *PacedRooms {
 	role := "/1"
 	if enqueueOnly {
 		role = "/0"
 	}
-	return &PacedRooms{rdb: s.rdb, prefix: s.prefix, name: rand.Text() + role}
+	return &PacedRooms{rdb: s.rdb, prefix: s.prefix, name: s.id + role}
 }
 
 // DutyLease is how long a process's duty of handing out a paced room's

@@ -110,3 +110,20 @@ func TestNotedRooms(t *testing.T) {
 		t.Fatalf("RenderedRooms once forgotten = %+v, %v, want none", rooms, err)
 	}
 }
+
+// TestPacedRoomsOfOneServiceShareTheDuty: handles of one Service and role
+// hold a room's duty as one process; another Service's is told no.
+func TestPacedRoomsOfOneServiceShareTheDuty(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	one, other := newService(t, srv.Client()), newService(t, srv.Client())
+	if _, err := one.PacedRooms(false).Park(ctx, "k", "t", time.Minute, true); err != nil {
+		t.Fatal(err)
+	}
+	for i, rooms := range []*semaphore.PacedRooms{one.PacedRooms(false), one.PacedRooms(false), other.PacedRooms(false)} {
+		onDuty, err := rooms.Duty(ctx, "k")
+		if want := i < 2; err != nil || onDuty != want {
+			t.Fatalf("handle %d: Duty = %t, %v, want %t", i, onDuty, err, want)
+		}
+	}
+}
