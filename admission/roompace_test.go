@@ -99,9 +99,9 @@ func TestRoomHandsOutOneTokenPerInterval(t *testing.T) {
 
 // TestOneProcessHandsOutARoom: of two processes that ask for a room's
 // next token, the first holds the duty and the other is told to ask again
-// after semaphore.DutyLease, handing nothing out; once the holder stops asking, the
-// other takes the duty over within about two leases, and hands out the
-// rest in order.
+// after semaphore.DutyLease, handing nothing out; once the holder stops
+// asking, the other takes the duty over within about two leases, and
+// hands out the rest in order.
 func TestOneProcessHandsOutARoom(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
@@ -109,11 +109,7 @@ func TestOneProcessHandsOutARoom(t *testing.T) {
 	second := newPace(t, srv.Client(), false)
 	limit := ratelimit.Limit{Rate: 1000, Per: time.Second, Burst: 1}
 	key := t.Name()
-	for _, token := range []string{"a", "b", "c"} {
-		if _, err := first.rooms.Park(ctx, key, token, time.Minute, false); err != nil {
-			t.Fatal(err)
-		}
-	}
+	first.park(t, key, "a", "b", "c")
 	if h, _, err := first.next(ctx, key, limit, 1); err != nil || h.Token != "a" {
 		t.Fatalf("the first process's next = %q, %v, want a", h.Token, err)
 	}
@@ -162,11 +158,7 @@ func TestEnqueueOnlyHandsOutForWorkers(t *testing.T) {
 	worker := newPace(t, srv.Client(), false)
 	limit := ratelimit.Limit{Rate: 1000, Per: time.Second, Burst: 1}
 	key := t.Name()
-	for _, token := range []string{"a", "b"} {
-		if _, err := producer.rooms.Park(ctx, key, token, time.Minute, false); err != nil {
-			t.Fatal(err)
-		}
-	}
+	producer.park(t, key, "a", "b")
 	for range 2 { // the duty taken, then held
 		if h, wait, err := producer.next(ctx, key, limit, 1); err != nil || h.Token != "" || wait != semaphore.DutyLease {
 			t.Fatalf("the producer's next with no worker = %q, %s, %v, want \"\", %s", h.Token, wait, err, semaphore.DutyLease)
@@ -191,11 +183,7 @@ func TestStepAsideKeepsTheArrival(t *testing.T) {
 	l := newPace(t, srv.Client(), false)
 	limit := ratelimit.Limit{Rate: 1, Per: time.Hour, Burst: 1} // one token an hour
 	key := t.Name()
-	for _, token := range []string{"a", "b"} {
-		if _, err := l.rooms.Park(ctx, key, token, time.Minute, false); err != nil {
-			t.Fatal(err)
-		}
-	}
+	l.park(t, key, "a", "b")
 	h, _, err := l.next(ctx, key, limit, 1)
 	if err != nil || h.Token != "a" || h.Arrival <= 0 {
 		t.Fatalf("next = %+v, %v, want a with its arrival", h, err)
@@ -216,11 +204,7 @@ func TestStepAsideKeepsTheArrival(t *testing.T) {
 	if _, err := l.rooms.Park(ctx, key, "c", time.Minute, true); err != nil {
 		t.Fatal(err)
 	}
-	for _, token := range []string{"b", "a"} {
-		if _, err := l.rooms.Park(ctx, key, token, time.Minute, false); err != nil {
-			t.Fatal(err)
-		}
-	}
+	l.park(t, key, "b", "a")
 	var got []string
 	for range 3 {
 		h, _, err := l.next(ctx, key, limit, 1)
@@ -234,5 +218,16 @@ func TestStepAsideKeepsTheArrival(t *testing.T) {
 	}
 	if !slices.Equal(got, []string{"a", "b", "c"}) {
 		t.Fatalf("handed out %v, want [a b c]", got)
+	}
+}
+
+// park parks tokens in key's room, each kept in its place when parked
+// again.
+func (p *roomPace) park(t *testing.T, key string, tokens ...string) {
+	t.Helper()
+	for _, token := range tokens {
+		if _, err := p.rooms.Park(context.Background(), key, token, time.Minute, false); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
