@@ -101,8 +101,8 @@
 //     without peeking first. A template's key costs the same (28.3
 //     with BENCH_S8_TEMPLATE=1): the producer notes a
 //     rendered key's room for the workers as it parks a task in it
-//     while empty (semaphore.Service.NoteRenderedRoom, one call). A task enqueued with
-//     plain asynq is dequeued before its tokens are due, goes back
-//     parked, and is dequeued again when they are (about 59 commands a
-//     task, counted before the claim).
+//     while empty (semaphore.Service.NoteRenderedRoom, one call). A task
+//     enqueued with plain asynq is dequeued before its tokens are due,
+//     goes back parked, and is dequeued again when they are (about 59
+//     commands a task, counted before the claim).
 package admission

@@ -39,9 +39,9 @@ import (
 // (semaphore.DutyLease); the workers look into the rooms of plain keys
 // every SweepInterval, and into those of rendered keys (caps' and rate
 // limits') that a Gate noted as it parked a task in them first
-// (semaphore.Service.NoteRenderedRoom), so that tasks a producer left behind are brought
-// back: a template's cap paused and restored lets them out at once, as do
-// places that lapse.
+// (semaphore.Service.NoteRenderedRoom), so that tasks a producer left
+// behind are brought back: a template's cap paused and restored lets them
+// out at once, as do places that lapse.
 type Gate struct {
 	cfg   *config.Config
 	table *Table

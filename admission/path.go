@@ -567,10 +567,10 @@ func (a *Admitter) parkToken(ctx context.Context, r Limit, token string, fresh b
 }
 
 // noteRenderedRoom notes the room of l, a limit whose key is rendered from
-// a template, as the first task waits in it (semaphore.Service.NoteRenderedRoom; not the
-// room scripts' noteRoom, which renews a cap room's settings): workers
-// that never parked in it learn of it from the note (see Sweep), and
-// bring its tasks back.
+// a template, as the first task waits in it
+// (semaphore.Service.NoteRenderedRoom; not the room scripts' noteRoom,
+// which renews a cap room's settings): workers that never parked in it
+// learn of it from the note (see Sweep), and bring its tasks back.
 func (a *Admitter) noteRenderedRoom(ctx context.Context, l Limit) {
 	if err := a.Semaphore.NoteRenderedRoom(ctx, l.Template, l.Key, 3*a.ParkedRetry); err != nil {
 		a.Logger.Warn("worker: note a waiting room for the workers (its tasks come back after their delay)", "key", l.Key, "err", err)

@@ -195,9 +195,9 @@ func (r *roomKeys) list(within time.Duration) []Limit {
 }
 
 // watchNotedRooms watches the rooms of rendered rate-limit keys noted
-// since the last sweep (semaphore.Service.NoteRenderedRoom), sweeps those of rendered cap
-// keys from now on (knownCaps), and lists their keys for monitoring; the
-// first sweep looks back as far as a room lives.
+// since the last sweep (semaphore.Service.NoteRenderedRoom), sweeps those
+// of rendered cap keys from now on (knownCaps), and lists their keys for
+// monitoring; the first sweep looks back as far as a room lives.
 func (a *Admitter) watchNotedRooms(ctx context.Context) {
 	templates, caps := a.Table.Templates(KindRate), a.Table.Templates(KindCap)
 	if len(templates)+len(caps) == 0 {

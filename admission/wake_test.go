@@ -18,11 +18,12 @@ import (
 )
 
 // TestParkInAnEmptyRoomNudgesTheLoop: a process's loop of a rate limit's
-// room that waits a semaphore.DutyLease out (another process held the duty) asks
-// again at once when a task parks in the room after it emptied, instead
-// of leaving the task there until the lease is out: the other process
-// hands out the last token, finds the room empty and gives the duty up;
-// then a task parks, and its token is handed out within 300 ms.
+// room that waits a semaphore.DutyLease out (another process held the
+// duty) asks again at once when a task parks in the room after it
+// emptied, instead of leaving the task there until the lease is out: the
+// other process hands out the last token, finds the room empty and gives
+// the duty up; then a task parks, and its token is handed out within 300
+// ms.
 func TestParkInAnEmptyRoomNudgesTheLoop(t *testing.T) {
 	a, l := startRateAdmitter(t)
 	rdb, ctx := a.Redis, context.Background()

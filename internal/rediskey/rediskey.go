@@ -8,9 +8,11 @@
 //	<prefix>wake:<id>                the pub/sub channel that wakes a waiting process (package semaphore)
 //	<prefix>control                  the runtime overrides (package control; Control),
 //	<prefix>control:changed          and the channel that announces a change
-//	rate:<prefix>{<tag>}             a rate limit's tokens (package ratelimit; redis_rate puts "rate:" first)
+//	rate:<prefix>{<tag>}             a rate limit's tokens (package ratelimit; redis_rate
+//	                                 puts "rate:" first)
 //	<prefix>paced:{<tag>}:parked,... its waiting room, a paced room (package semaphore)
-//	<prefix>rooms                    the waiting rooms of rendered keys a producer noted (package semaphore)
+//	<prefix>rooms                    the rooms of rendered keys a producer noted (package
+//	                                 semaphore)
 //	<prefix>idle:{<queue tag>}:duty  the watch of an idle queue and its doorbell (internal/asynqx;
 //	<prefix>idle:{<queue tag>}:bell  Idle)
 //
