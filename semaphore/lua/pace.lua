@@ -71,7 +71,10 @@ local nowus = tonumber(arrival)
 if a.op == 'park' then
   local kept = nil
   if a.new ~= '1' then kept = redis.call('ZSCORE', KEYS[8], a.token) end
-  park(a.token, kept or arrival, kept == nil, '')
+  -- A paced room has no waiting, slots or places: a token that comes back
+  -- from aside leaves only the aside, and parks as a new one would.
+  if kept then redis.call('ZREM', KEYS[8], a.token) end
+  park(a.token, kept or arrival, true, '')
   redis.call('PEXPIRE', KEYS[5], a.ttl)
   return {'parked', redis.call('ZCARD', KEYS[5])}
 end
