@@ -171,6 +171,9 @@ func (s *Service) passOnFrom(key string, r reply, now time.Time, recheck bool) {
 			s.localHandOvers.Add(1)
 			continue
 		}
+		if s.handedMeanwhile(key, granted[i], m) {
+			continue
+		}
 		// A token enrolled by a call whose reply is not handed on yet
 		// takes it as it is registered (enrol.go), with the tokens let out
 		// in its place: they come back only as its task starts, as for
@@ -181,6 +184,7 @@ func (s *Service) passOnFrom(key string, r reply, now time.Time, recheck bool) {
 	}
 	s.woke(key, r.strings("woken"))
 	s.noteHead(key, r)
+	s.noteNext(key, r)
 }
 
 // noteLetOut keeps the arrivals of the tokens a call let out of key's room

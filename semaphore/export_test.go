@@ -132,3 +132,22 @@ func (s *Service) PresentAt(key string) time.Time {
 // KeptEarly reports whether s keeps a seat of key's token for a waiter
 // enrolled later (keepEarly).
 func (s *Service) KeptEarly(key, token string) bool { return s.early.Recent(letOutKey(key, token)) }
+
+// TrustLineFor sets how long s takes what a reply said of a key's line for
+// true (nextHeadFor), for tests whose steps take longer under the race
+// detector.
+func (s *Service) TrustLineFor(d time.Duration) { s.nextHeadFor = d }
+
+// StandingBy counts s's tasks of key whose Entry waits (Entry.Wait), for
+// tests.
+func (s *Service) StandingBy(key string) int {
+	s.waits.mu.Lock()
+	defer s.waits.mu.Unlock()
+	n := 0
+	for wk, w := range s.waits.waiters {
+		if wk.key == key && w.standing && !w.done {
+			n++
+		}
+	}
+	return n
+}

@@ -3,7 +3,9 @@ package semaphore
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"sync"
 	"time"
 )
 
@@ -20,6 +22,22 @@ import (
 // What the Service knows of the head can be stale in one way only: a
 // waiter of another process that waited behind (behind.go) may join ahead
 // of it meanwhile, the window the README names.
+//
+// A task standing by (Entry.Wait, of one seat, no fair share, starting as
+// its seat comes) takes a seat of its own process in memory the same way
+// while the key's room holds tokens: the replies of release.lua and
+// handover.lua name the first tokens in line (next, for free: grant looks
+// at them anyway), and a seat given back goes to the first of them while
+// it is this process's task standing by, for nextHeadFor after the reply.
+// Its move also gives its standby place on and lets the next parked token
+// out in it (enrolled, with Room.Enrol), as a release's settleown does;
+// that token comes back as the task settles (Entry.Settle waits for the
+// move). Until a move answered, the calls of this Service on the key name
+// the tokens moving (handing), so that no seat goes to them twice. A token
+// that arrived before them and joins the line within nextHeadFor of the
+// reply (one whose task stepped aside and comes back) is served after
+// them: the window the README names. Between two processes a seat still
+// goes through the store.
 
 var handoverScript = roomScript("handover.lua")
 
@@ -29,11 +47,26 @@ const acquireTokenPrefix = "w:"
 
 // pendingFence is the fence of a seat handed over in memory, known once
 // handover.lua answers (moved reports whether the waiter holds its seat).
+// For a task standing by (task: handed by standingHead), the move also says whether its standby
+// place went on with the seat (settled), and the tokens let out in it
+// (later), which its Entry's Settle hands on as the task starts.
 type pendingFence struct {
-	done  chan struct{}
-	fence uint64
-	moved bool
-	now   time.Time // the server's time of the move
+	done    chan struct{}
+	fence   uint64
+	moved   bool
+	now     time.Time // the server's time of the move
+	task    bool
+	settled bool
+	later   []string
+	// For a task: member is its seat's; mu guards what a call that gave
+	// it a seat meanwhile let out in its place (meanwhile, and whether
+	// that call gave the place on), and settling, set once its Entry took
+	// what the move said (see handedMeanwhile).
+	member    string
+	mu        sync.Mutex
+	meanwhile []string
+	placeGone bool
+	settling  bool
 }
 
 // wait returns what the move answered, once it did: the fence, whether
@@ -47,6 +80,62 @@ func (f *pendingFence) wait() (fence uint64, moved bool, now time.Time) {
 		return f.fence, f.moved, f.now
 	case <-t.C:
 		return 0, false, time.Time{}
+	}
+}
+
+// nextHeadFor is how long what a reply said of the tokens first in a
+// key's line (noteNext) is taken for true (Service.nextHeadFor): a token
+// that arrived before them and joins the line later (one that stepped
+// aside and comes back, say) may be served after them if it joins within
+// that time.
+const nextHeadFor = 100 * time.Millisecond
+
+// noteNext records the tokens first in key's line by r ("next"), less
+// those moving to a seat handed in memory, or, when r does not say,
+// forgets the ones noted: another call may have changed the line.
+func (s *Service) noteNext(key string, r reply) {
+	next := r.strings("next")
+	s.waits.mu.Lock()
+	defer s.waits.mu.Unlock()
+	kw := s.waits.keys[key]
+	if kw == nil {
+		return
+	}
+	kw.next = slices.DeleteFunc(next, func(t string) bool { return kw.handing[t] })
+	kw.nextAt = time.Now()
+}
+
+// handingArgs name, for a call on key, this Service's tokens of key on
+// their way to a seat handed in memory, but for except (see handing in
+// room.lua).
+func (s *Service) handingArgs(key, except string) []any {
+	s.waits.mu.Lock()
+	defer s.waits.mu.Unlock()
+	kw := s.waits.keys[key]
+	if kw == nil || len(kw.handing) == 0 {
+		return nil
+	}
+	var args []any
+	n := 0
+	for t := range kw.handing {
+		if t != except {
+			n++
+			args = append(args, "h"+strconv.Itoa(n), t)
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	return append(args, "handing", n)
+}
+
+// handed notes that the move of key's token handed a seat in memory
+// answered (or failed).
+func (s *Service) handed(key, token string) {
+	s.waits.mu.Lock()
+	defer s.waits.mu.Unlock()
+	if kw := s.waits.keys[key]; kw != nil {
+		delete(kw.handing, token)
 	}
 }
 
@@ -87,7 +176,24 @@ func (s *Service) takeLocalHead(p *Permit) (w *waiter, since int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	kw := r.keys[p.key]
-	if kw == nil || !kw.clear || len(kw.line) == 0 {
+	if kw == nil {
+		return nil, 0
+	}
+	if w := kw.standingHead(r, p, s.nextHeadFor); w != nil {
+		pf := &pendingFence{done: make(chan struct{}), task: true, member: w.member}
+		if !s.handedSeats.Note(letOutKey(p.key, w.token), pf) {
+			kw.next = nil
+			return nil, 0 // too many moves on the wire: release.lua serves it
+		}
+		kw.next = kw.next[1:]
+		if kw.handing == nil {
+			kw.handing = map[string]bool{}
+		}
+		kw.handing[w.token] = true
+		w.done, w.moving = true, pf
+		return w, 0
+	}
+	if !kw.clear || len(kw.line) == 0 {
 		return nil, 0
 	}
 	w = r.waiters[waitKey{p.key, kw.line[0]}]
@@ -102,6 +208,24 @@ func (s *Service) takeLocalHead(p *Permit) (w *waiter, since int64) {
 	}
 	w.done = true
 	return w, 0
+}
+
+// standingHead is this Service's task standing by that is first in the
+// key's line, by a reply within fresh, when p's seat may go to
+// it in memory: a task of one seat and no fair share that starts as its
+// seat comes, whose Entry waits (Entry.Wait) with its standby place, and
+// which has no seat yet. Caller holds the registry's mu.
+func (kw *keyWaits) standingHead(r *waitRegistry, p *Permit, fresh time.Duration) *waiter {
+	if len(kw.next) == 0 || time.Since(kw.nextAt) > fresh {
+		return nil
+	}
+	w := r.waiters[waitKey{p.key, kw.next[0]}]
+	if w == nil || w.done || !w.standing || !w.joined || len(w.seat) > 0 || w.place == "" ||
+		!w.req.cfg.startsOnSeat || w.req.cfg.seats != 1 || p.cfg.seats != 1 || w.req.cfg.share != "" || w.req.cfg.room == nil {
+		kw.next = nil // the store knows whom the seat goes to
+		return nil
+	}
+	return w
 }
 
 // sameShapeBehind is the first waiter behind w that asked for a seat of
@@ -133,7 +257,10 @@ func (s *Service) handOver(p *Permit) (held, done bool, err error) {
 	p.mu.Lock()
 	p.handedOff = true
 	p.mu.Unlock()
-	pf := &pendingFence{done: make(chan struct{})}
+	pf, task := w.moving, w.moving != nil
+	if !task {
+		pf = &pendingFence{done: make(chan struct{})}
+	}
 	w.seat <- seatMsg{member: w.member, pending: pf} // its one seat: w is done for every other delivery
 	s.localHandOvers.Add(1)
 	defer close(pf.done)
@@ -142,11 +269,33 @@ func (s *Service) handOver(p *Permit) (held, done bool, err error) {
 	if since > 0 {
 		args = append(args, "since", strconv.FormatInt(since, 10))
 	}
+	if task {
+		// Its place goes on with the seat, as a release's settleown gives
+		// it on, and the next token let out in it may stand by as this
+		// process's (enrol.go).
+		args = append(append(args, "task", "1", "place", w.place), w.req.cfg.room.args()...)
+		if s.enrols(w.req) {
+			args = append(args, enrolArgs(w.req)...)
+		}
+		args = append(args, s.handingArgs(p.key, w.token)...)
+		defer s.handed(p.key, w.token)
+		if p.surelyLive() {
+			args = append(args, "live", "1")
+		}
+	}
 	rep, err := s.runBatched(handoverScript, p.k, args...)
 	if err != nil {
 		// The waiter's permit counts as lost; a Release called again frees
 		// the holder's seat, if the move did not.
 		return false, true, err
+	}
+	if task {
+		settled, _ := rep.int("settled")
+		pf.settled, pf.later = settled == 1, rep.strings("later")
+		if inline, _ := rep.int("inline"); inline == 1 {
+			s.handedSeats.Forget(letOutKey(p.key, w.token)) // no other call gave its token a seat
+		}
+		s.enrolled(w.req, rep)
 	}
 	moved, errMoved := rep.int("moved")
 	wasHeld, errHeld := rep.int("held")
@@ -158,6 +307,34 @@ func (s *Service) handOver(p *Permit) (held, done bool, err error) {
 	pf.fence, pf.moved, pf.now = fence, moved == 1, time.UnixMilli(now)
 	s.passOn(p.key, rep, time.Time{}) // also notes the line's head
 	return wasHeld == 1, true, nil
+}
+
+// handedMeanwhile takes m, a seat that a call gave key's token on the
+// store and no waiter here took, when the token's task was handed a seat
+// in memory (its move then finds that seat, and the task runs on it): the
+// tokens the call let out in the task's place come back as the task
+// starts (its Entry's Settle), or now if it did. It reports whether m was
+// such a seat.
+func (s *Service) handedMeanwhile(key, token string, m seatMsg) bool {
+	pf, ok := s.handedSeats.Take(letOutKey(key, token))
+	if !ok {
+		return false
+	}
+	if pf.member != m.member {
+		s.handedSeats.Note(letOutKey(key, token), pf)
+		return false
+	}
+	pf.mu.Lock()
+	settling := pf.settling
+	if !settling {
+		pf.meanwhile = append(pf.meanwhile, m.later...)
+		pf.placeGone = pf.placeGone || m.settled
+	}
+	pf.mu.Unlock()
+	if settling {
+		s.woke(key, m.later)
+	}
+	return true
 }
 
 // localHandOverMargin is how far ahead a releasing permit's lease must

@@ -288,3 +288,97 @@ func TestKeySlot(t *testing.T) {
 		}
 	}
 }
+
+// TestStandingTaskTakesItsSeatInMemory: a task standing by first in line
+// gets the seat a task of its own process gives back at once, in memory:
+// it holds it while the store is paused (CLIENT PAUSE), before the call
+// that moves the seat can answer. The move gives the task's standby place
+// on with the seat, and the token let out in it comes back only as the
+// task settles, so that the slots waiting never outnumber the places; the
+// store then holds the task's seat under its own permit, and only it.
+func TestStandingTaskTakesItsSeatInMemory(t *testing.T) {
+	srv, s, woken, key := wokenService(t)
+	s.TrustLineFor(time.Minute) // the steps below may outlast the default under -race
+	ctx, room, opt := context.Background(), workerRoom(2), semaphore.WithStartOnSeat()
+	t0 := enter(t, s, key, 1, "t0", room, opt)
+	t1, t2 := enter(t, s, key, 1, "t1", room, opt), enter(t, s, key, 1, "t2", room, opt)
+	t3, t4 := enter(t, s, key, 1, "t3", room, opt), enter(t, s, key, 1, "t4", room, opt)
+	if t0.Permit == nil || !t1.Standby || !t2.Standby || t3.Standby || t4.Standby {
+		t.Fatal("want t0 seated, t1 and t2 standing by, t3 and t4 parked")
+	}
+	seat1, seat2 := make(chan *semaphore.Permit, 1), make(chan *semaphore.Permit, 1)
+	report := reporter(t)
+	for _, w := range []struct {
+		e    *semaphore.Entry
+		seat chan *semaphore.Permit
+	}{{t1, seat1}, {t2, seat2}} {
+		go func() {
+			p, err := w.e.Wait(ctx, semaphore.WithWaitTimeout(10*time.Second))
+			report(err)
+			w.seat <- p
+		}()
+	}
+	waitfor.Condition(t, 5*time.Second, "t1 and t2 wait in line", func() bool { return s.StandingBy(key) == 2 })
+
+	// t0's release goes through the store (nothing said yet who is first
+	// in line): t1 is seated, and its reply says t2 comes next.
+	if err := t0.Permit.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p1 := <-seat1
+	if p1 == nil {
+		t.FailNow()
+	}
+	if err := t1.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := woken.next(t); got != "t3" {
+		t.Fatalf("let out %q in t1's place, want t3", got)
+	}
+
+	if err := srv.Client().Do(ctx, "CLIENT", "PAUSE", 10000, "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	released := make(chan error, 1)
+	go func() { released <- p1.Release(ctx) }()
+	var p2 *semaphore.Permit
+	select {
+	case p2 = <-seat2:
+	case err := <-released:
+		t.Fatalf("t1's release returned (%v) before t2 had its seat", err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("t2 got no seat while the store was paused: it was not handed over in memory")
+	}
+	if p2 == nil {
+		t.FailNow()
+	}
+	select {
+	case err := <-released:
+		t.Fatalf("t1's release returned (%v) while the store was paused", err)
+	default:
+	}
+	if err := srv.Client().Do(ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-released; err != nil {
+		t.Fatalf("t1's release: %v", err)
+	}
+	defer func() { _ = p2.Release(ctx) }()
+	woken.none(t) // t4 comes as t2 starts, not before
+	if err := t2.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := woken.next(t); got != "t4" {
+		t.Fatalf("let out %q in t2's place, want t4", got)
+	}
+	hs, err := s.Holders(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hs) != 1 || hs[0].PermitID != p2.ID() || hs[0].Label != "t2" {
+		t.Fatalf("holders %+v, want only t2's %s", hs, p2.ID())
+	}
+	if p2.Fence() <= p1.Fence() {
+		t.Fatalf("t2's fence %d is not past t1's %d", p2.Fence(), p1.Fence())
+	}
+}

@@ -226,6 +226,7 @@ func (s *Service) release(ctx context.Context, p *Permit) (bool, error) {
 	if s.noLapse(p) {
 		args = append(args, "nolapse", "1") // release.lua need not drop lapsed leases first
 	}
+	args = append(args, s.handingArgs(p.key, "")...)
 	if r := p.cfg.room; r != nil && s.allStartOnSeat(p.key) {
 		// Its waiters here start as their seat comes: their places go on
 		// with their seats, by the settings of the room it entered.

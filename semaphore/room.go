@@ -111,6 +111,9 @@ type Entry struct {
 	room    Room    // the room it entered, whose settings Settle lets the next token out with
 	seat    *Permit // the seat Wait got, whose Settle may enrol (enrol.go)
 	fair    bool    // it entered with a share value (WithShare)
+	// moving is the move of a seat handed to it in memory (handover.go),
+	// which says whether its place went on, as settled does
+	moving *pendingFence
 }
 
 // Settle gives up the token's standby place, if it holds one, once its
@@ -122,6 +125,7 @@ func (e *Entry) Settle(ctx context.Context) error {
 		return nil
 	}
 	e.holdsPlace = false
+	e.awaitMoving()
 	if e.settled {
 		e.s.woke(e.key, e.later)
 		return nil
@@ -155,6 +159,7 @@ func (e *Entry) StepAside(ctx context.Context) error {
 		return nil
 	}
 	e.holdsPlace = false
+	e.awaitMoving()
 	if e.settled {
 		// Its place went on with its seat: nothing to give up, and no
 		// arrival kept (see WithStartOnSeat).
@@ -162,6 +167,37 @@ func (e *Entry) StepAside(ctx context.Context) error {
 		return nil
 	}
 	return e.s.StepAside(ctx, e.key, e.token)
+}
+
+// awaitMoving waits, for a seat handed to the Entry in memory, until its
+// move answered (up to storeTimeout): when the move gave its place on,
+// the Entry is settled, with the tokens let out in it. (A move that did
+// not answer leaves the place to Settle's call, which finds it gone if
+// the move took it after all.)
+func (e *Entry) awaitMoving() {
+	pf := e.moving
+	if pf == nil {
+		return
+	}
+	e.moving = nil
+	pf.wait()
+	select {
+	case <-pf.done:
+		if pf.settled {
+			e.settled, e.later = true, pf.later
+		}
+	default:
+	}
+	pf.mu.Lock()
+	pf.settling = true
+	if pf.placeGone {
+		e.settled = true
+	}
+	e.later = append(e.later, pf.meanwhile...)
+	pf.mu.Unlock()
+	if len(e.later) > 0 {
+		e.settled = true // (the tokens let out come back as the task starts)
+	}
 }
 
 // Enter asks for a seat of key (a semaphore of permits seats; 0 pauses
@@ -293,6 +329,7 @@ func (e *Entry) Wait(ctx context.Context, opts ...AcquireOption) (*Permit, error
 	}
 	err := w.req.cfg.err
 	w.req.started = time.Now()
+	w.standing, w.place = true, e.place
 	e.s.waits.mu.Unlock()
 	if err != nil {
 		e.s.giveUp(w, "park")
@@ -307,6 +344,9 @@ func (e *Entry) Wait(ctx context.Context, opts ...AcquireOption) (*Permit, error
 		} else {
 			e.settled, e.later = true, later
 		}
+	}
+	if p != nil && p.pending != nil && p.pending.task {
+		e.moving = p.pending // whether its place went on comes with the move
 	}
 	e.seat = p
 	if err != nil {

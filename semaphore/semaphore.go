@@ -174,6 +174,12 @@ type Service struct {
 	// here took as a recheck found them: a release's reply that gave such
 	// a seat, handed on after, is not early (keepEarly)
 	seatedAlone *lately.Notes[string]
+	// handedSeats keeps, for a while, the moves of the seats handed in memory
+	// to tasks standing by here (handover.go): a call that gave such a
+	// task a seat on the store meanwhile, and let tokens out in its place,
+	// hands them to the move, for the task's Settle (see handedMeanwhile)
+	handedSeats *lately.Notes[*pendingFence]
+	nextHeadFor time.Duration // see nextHeadFor; tests lengthen it
 	clock       clockOffset
 	// beforeEnrol, set by tests only, runs as a reply's enrolled tokens
 	// are about to be registered (enrolled), to delay that reply
@@ -226,6 +232,8 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 		letOut:      &lately.Notes[string]{For: time.Minute, Max: busyMax},
 		early:       &lately.Notes[seatMsg]{For: earlyFor, Max: earlyMax},
 		seatedAlone: &lately.Notes[string]{For: earlyFor, Max: earlyMax},
+		handedSeats: &lately.Notes[*pendingFence]{For: earlyFor, Max: earlyMax},
+		nextHeadFor: nextHeadFor,
 	}, nil
 }
 

@@ -80,6 +80,13 @@ type waiter struct {
 	enrolled bool
 	place    string
 	expiry   *time.Timer
+	// standing: a task's Entry waits with it (Entry.Wait), so that a seat
+	// may be handed to it in memory (handover.go); guarded by mu. place is
+	// then the arrival its standby place was made with.
+	standing bool
+	// moving is the move of the seat handed to it in memory, once one was
+	// (handover.go); guarded by mu
+	moving *pendingFence
 }
 
 func newWaiter(req request, token string) *waiter {
@@ -111,6 +118,15 @@ type keyWaits struct {
 	// (handover.go).
 	line  []string
 	clear bool
+	// next is the tokens first in line by the last reply that said so
+	// (a release's or a hand-over's: see nextInLine in room.lua), less
+	// those handed seats since, and nextAt when it came; any other reply
+	// passed on forgets them (handover.go).
+	next   []string
+	nextAt time.Time
+	// handing names its tokens handed a seat in memory whose move is on
+	// its way (handover.go)
+	handing map[string]bool
 	// presentAt is when the last call that renewed this process's
 	// presence in the key's room was sent (see presenceFresh).
 	presentAt time.Time

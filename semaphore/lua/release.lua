@@ -17,18 +17,22 @@
 --   lease lapsed: see earliestArmed); enrol ('1': the tokens let out in
 --   the places of the caller's waiters given a seat join the waiting as
 --   the caller's, see enrol in room.lua), with enrolid (their permit ids'
---   stem) and ttl (their seats' lease ms)
+--   stem) and ttl (their seats' lease ms); handing (how many of the
+--   caller's tokens move to a seat it handed in memory) and h1, h2, ...
+--   (those tokens, which grant passes over: see handing in room.lua)
 --
 -- Reply, name/value pairs: held (1 when the seat was still held, 0 when it
 -- was already lost), granted (tokens of the caller's channel given a seat),
 -- settled (those of them whose standby place went on), later (the tokens
 -- let out in their places, for them to bring back as they start),
 -- enrolled (those of them that joined the waiting: token, permit id, seat
--- member, arrival, ...), woken (tokens let out), and with head '1', head
--- and clear.
+-- member, arrival, ...), woken (tokens let out), next (the tokens first
+-- in line now, when the call saw them for free: see nextInLine), and with head
+-- '1', head and clear.
 
 local a = args()
 local now, t = clock()
+noteHanding(a)
 -- Lapsed leases go first: the seat is still held when it is among the
 -- rest (its lease had not run out). A caller that knows none lapsed
 -- (nolapse) saves the command.
@@ -76,7 +80,8 @@ if not seated and redis.call('EXISTS', KEYS[1]) == 0 then
   -- next fence takes the server's clock for its floor, see nextFence).
   redis.call('DEL', KEYS[9])
 end
-local reply = {'held', held, 'now', now, 'granted', own, 'settled', settled, 'later', later, 'enrolled', enrolled, 'woken', woken, 'arrivals', arrivals}
+local reply = {'held', held, 'now', now, 'granted', own, 'settled', settled, 'later', later, 'enrolled', enrolled, 'woken', woken, 'arrivals', arrivals,
+  'next', nextInLine(lineNext)}
 if a.head == '1' then
   local head, clear = lineHead()
   reply[#reply + 1], reply[#reply + 2], reply[#reply + 3], reply[#reply + 4] = 'head', head, 'clear', clear

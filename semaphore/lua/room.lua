@@ -330,13 +330,33 @@ local grantedPlace = {}
 -- once it is done (one it passed over, or the one after the last it
 -- served): the waiting's keys are there, with their TTL (see enrol).
 local lineLeft = false
+-- lineNext is set when grant's last look at the line served the first
+-- token it saw: the tokens after it, with their arrivals, first in line
+-- once grant is done (see nextInLine). Grant looks at lineLook tokens at
+-- once, for the same command.
+local lineNext = nil
+local lineLook = 5
+-- handing names the tokens of the caller's tasks that it handed a seat in
+-- memory, whose hand-over is on its way (handover.lua): grant passes
+-- them over (they take the seat they were handed).
+local handing = {}
 local function grant(now, t, free, mine, prefix, key, before)
   local own = {}
   local given = 0
   local skipped = 0
   local blocked = false
   while free ~= 0 do
-    local first = redis.call('ZRANGE', KEYS[2], skipped, skipped + 1, 'WITHSCORES')
+    lineNext = nil
+    local first, seen
+    repeat
+      first = redis.call('ZRANGE', KEYS[2], skipped, skipped + lineLook - 1, 'WITHSCORES')
+      seen = #first
+      while #first > 0 and handing[first[1]] do
+        skipped = skipped + 1
+        table.remove(first, 1)
+        table.remove(first, 1)
+      end
+    until #first > 0 or seen == 0
     lineLeft = #first > 2 or skipped > 0
     if #first == 0 or (before and tonumber(first[2]) >= tonumber(before)) then
       if #first > 0 then lineLeft = true end
@@ -397,6 +417,7 @@ local function grant(now, t, free, mine, prefix, key, before)
         local fence = hold(member, seats, now, t, tonumber(ttl))
         if free > 0 then free = free - seats end
         given = given + 1
+        if #first > 2 then lineNext = {unpack(first, 3)} end
         if channel == mine then
           grantedPlace[token] = place
           own[#own + 1] = token
@@ -595,6 +616,32 @@ local function noteRoom(a, now)
   -- The parked key takes its TTL from whoever makes it, and is renewed
   -- here (park.lua renews it only for the first token parked).
   redis.call('PEXPIRE', KEYS[5], keyttl)
+end
+
+-- nextInLine is the tokens of first (tokens of the line and their
+-- arrivals, as ZRANGE WITHSCORES gives them) first in line now, for the
+-- caller to hand its seats to in memory, in turn, while they are its own
+-- tasks standing by (handover.go): up to the first that a token this call
+-- let out arrived before (that one joins the line ahead of it).
+local function nextInLine(first)
+  local out = {}
+  if not first then return out end
+  local floor = nil
+  for i = 2, #arrivals, 2 do
+    local at = tonumber(arrivals[i])
+    if not floor or at < floor then floor = at end
+  end
+  for i = 1, #first - 1, 2 do
+    if floor and tonumber(first[i + 1]) > floor then break end
+    out[#out + 1] = first[i]
+  end
+  return out
+end
+
+-- noteHanding reads the caller's tokens on their way to a seat handed in
+-- memory (a.handing, the count, and h1, h2, ...: see handing).
+local function noteHanding(a)
+  for i = 1, tonumber(a.handing or '0') do handing[a['h' .. i]] = true end
 end
 
 -- lineHead is the first tokens waiting in a process (at most 8), in line,
