@@ -91,9 +91,16 @@ func (f *pendingFence) wait() (fence uint64, moved bool, now time.Time) {
 const nextHeadFor = 100 * time.Millisecond
 
 // noteNext records the tokens first in key's line by r ("next"), less
-// those moving to a seat handed in memory, or, when r does not say,
-// forgets the ones noted: another call may have changed the line.
+// those moving to a seat handed in memory; a reply that does not say,
+// but gave seats, makes it forget the ones noted: the line's head moved.
+// (A call that only added tokens to the line added them behind, but for
+// the window nextHeadFor bounds; each token noted is looked at again as
+// a seat goes to it: standingHead.)
 func (s *Service) noteNext(key string, r reply) {
+	_, said := r["next"]
+	if !said && len(r.strings("granted")) == 0 {
+		return
+	}
 	next := r.strings("next")
 	s.waits.mu.Lock()
 	defer s.waits.mu.Unlock()
