@@ -35,7 +35,8 @@
 //     memory and moves with one call of handover.lua
 //     (semaphore/handover.go).
 //   - A cap that is full, tasks through the producer (S5, S10): about
-//     39 commands a task in all at 1 process, 39 to 41 at 5, 41 at 20,
+//     39 commands a task in all at 1 process (38.5 with the hand-over in
+//     memory below), 39 to 41 at 5, 41 at 20,
 //     asynq's included (about 11 of them: the enqueue, 4, and done, 7; no
 //     dequeue of its queue, see the wake-up below). Per task, inside
 //     each script call: the producer's park (3: the time, its arrival,
@@ -65,6 +66,13 @@
 //     comes, semaphore.WithStartOnSeat, the waiter's place, which keeps
 //     its arrival in its one member, and the next parked token let out
 //     for it, whom the waiter's Entry brings to a slot as it starts).
+//     When the next waiter in line is a task standing by in the
+//     releasing process (at 1 process, all but the first hand-over after
+//     the line changed hands), the seat goes to it in memory and
+//     handover.lua moves it after (15 with its call: neither the
+//     waiter's slot entry nor the live seats are read; its task starts
+//     without waiting for the call; semaphore/handover.go): S5 at 1
+//     process reads 38.4 to 38.8 commands a task.
 //     That token stands by as it is let out: the release makes it a
 //     waiter of its process, in line with its slot (semaphore.Room.Enrol:
 //     2 commands), so that its task, brought to that process's slot,
