@@ -151,3 +151,7 @@ func (s *Service) StandingBy(key string) int {
 	}
 	return n
 }
+
+// TaskMoves counts the seats s handed in memory to tasks standing by, for
+// tests.
+func (s *Service) TaskMoves() int64 { return s.taskMoves.Load() }

@@ -267,6 +267,8 @@ func (s *Service) handOver(p *Permit) (held, done bool, err error) {
 	pf, task := w.moving, w.moving != nil
 	if !task {
 		pf = &pendingFence{done: make(chan struct{})}
+	} else {
+		s.taskMoves.Add(1)
 	}
 	w.seat <- seatMsg{member: w.member, pending: pf} // its one seat: w is done for every other delivery
 	s.localHandOvers.Add(1)

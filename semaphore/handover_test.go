@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fleetcap/fleetcap/internal/testutil/redistest"
@@ -298,44 +299,8 @@ func TestKeySlot(t *testing.T) {
 // store then holds the task's seat under its own permit, and only it.
 func TestStandingTaskTakesItsSeatInMemory(t *testing.T) {
 	srv, s, woken, key := wokenService(t)
-	s.TrustLineFor(time.Minute) // the steps below may outlast the default under -race
-	ctx, room, opt := context.Background(), workerRoom(2), semaphore.WithStartOnSeat()
-	t0 := enter(t, s, key, 1, "t0", room, opt)
-	t1, t2 := enter(t, s, key, 1, "t1", room, opt), enter(t, s, key, 1, "t2", room, opt)
-	t3, t4 := enter(t, s, key, 1, "t3", room, opt), enter(t, s, key, 1, "t4", room, opt)
-	if t0.Permit == nil || !t1.Standby || !t2.Standby || t3.Standby || t4.Standby {
-		t.Fatal("want t0 seated, t1 and t2 standing by, t3 and t4 parked")
-	}
-	seat1, seat2 := make(chan *semaphore.Permit, 1), make(chan *semaphore.Permit, 1)
-	report := reporter(t)
-	for _, w := range []struct {
-		e    *semaphore.Entry
-		seat chan *semaphore.Permit
-	}{{t1, seat1}, {t2, seat2}} {
-		go func() {
-			p, err := w.e.Wait(ctx, semaphore.WithWaitTimeout(10*time.Second))
-			report(err)
-			w.seat <- p
-		}()
-	}
-	waitfor.Condition(t, 5*time.Second, "t1 and t2 wait in line", func() bool { return s.StandingBy(key) == 2 })
-
-	// t0's release goes through the store (nothing said yet who is first
-	// in line): t1 is seated, and its reply says t2 comes next.
-	if err := t0.Permit.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	p1 := <-seat1
-	if p1 == nil {
-		t.FailNow()
-	}
-	if err := t1.Settle(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if got := woken.next(t); got != "t3" {
-		t.Fatalf("let out %q in t1's place, want t3", got)
-	}
-
+	ctx := context.Background()
+	p1, t2, seat2 := standingPair(t, s, woken, key)
 	if err := srv.Client().Do(ctx, "CLIENT", "PAUSE", 10000, "WRITE").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -363,6 +328,81 @@ func TestStandingTaskTakesItsSeatInMemory(t *testing.T) {
 	if err := <-released; err != nil {
 		t.Fatalf("t1's release: %v", err)
 	}
+	checkSeatMovedToT2(t, s, woken, key, p1, t2, p2)
+}
+
+// TestStandingTaskTakesItsSeatOnTheEmbeddedRedis: the same move runs on
+// miniredis, whose Lua is not Redis's (the worker's embedded default).
+func TestStandingTaskTakesItsSeatOnTheEmbeddedRedis(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	woken := make(wakeLog, 16)
+	s, key := newService(t, rdb, woken.option), uniqueKey(t)
+	p1, t2, seat2 := standingPair(t, s, woken, key)
+	if err := p1.Release(context.Background()); err != nil {
+		t.Fatalf("t1's release: %v", err)
+	}
+	p2 := <-seat2
+	if p2 == nil {
+		t.FailNow()
+	}
+	if n := s.TaskMoves(); n != 1 {
+		t.Fatalf("%d seats handed to tasks in memory, want 1 (t2's)", n)
+	}
+	checkSeatMovedToT2(t, s, woken, key, p1, t2, p2)
+}
+
+// standingPair has t0 take key's seat (capacity 1, two standby places),
+// t1 and t2 stand by, t3 and t4 park, and t0 give its seat back through
+// the store (nothing said yet who is first in line): t1 holds it, and t3
+// was let out in its place. It returns t1's permit, t2's Entry and where
+// t2's seat comes.
+func standingPair(t *testing.T, s *semaphore.Service, woken wakeLog, key string) (*semaphore.Permit, *semaphore.Entry, <-chan *semaphore.Permit) {
+	t.Helper()
+	s.TrustLineFor(time.Minute) // the steps may outlast the default under -race
+	ctx, room, opt := context.Background(), workerRoom(2), semaphore.WithStartOnSeat()
+	t0 := enter(t, s, key, 1, "t0", room, opt)
+	t1, t2 := enter(t, s, key, 1, "t1", room, opt), enter(t, s, key, 1, "t2", room, opt)
+	t3, t4 := enter(t, s, key, 1, "t3", room, opt), enter(t, s, key, 1, "t4", room, opt)
+	if t0.Permit == nil || !t1.Standby || !t2.Standby || t3.Standby || t4.Standby {
+		t.Fatal("want t0 seated, t1 and t2 standing by, t3 and t4 parked")
+	}
+	seat1, seat2 := make(chan *semaphore.Permit, 1), make(chan *semaphore.Permit, 1)
+	report := reporter(t)
+	for _, w := range []struct {
+		e    *semaphore.Entry
+		seat chan *semaphore.Permit
+	}{{t1, seat1}, {t2, seat2}} {
+		go func() {
+			p, err := w.e.Wait(ctx, semaphore.WithWaitTimeout(10*time.Second))
+			report(err)
+			w.seat <- p
+		}()
+	}
+	waitfor.Condition(t, 5*time.Second, "t1 and t2 wait in line", func() bool { return s.StandingBy(key) == 2 })
+	if err := t0.Permit.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p1 := <-seat1
+	if p1 == nil {
+		t.FailNow()
+	}
+	if err := t1.Settle(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := woken.next(t); got != "t3" {
+		t.Fatalf("let out %q in t1's place, want t3", got)
+	}
+	return p1, t2, seat2
+}
+
+// checkSeatMovedToT2 checks the store after t1's seat (p1) went to t2 (p2):
+// t4 is let out in t2's place only as t2 settles, the store holds t2's
+// seat alone, under its permit and label, and its fence is past t1's.
+func checkSeatMovedToT2(t *testing.T, s *semaphore.Service, woken wakeLog, key string, p1 *semaphore.Permit, t2 *semaphore.Entry, p2 *semaphore.Permit) {
+	t.Helper()
+	ctx := context.Background()
 	defer func() { _ = p2.Release(ctx) }()
 	woken.none(t) // t4 comes as t2 starts, not before
 	if err := t2.Settle(ctx); err != nil {

@@ -180,6 +180,7 @@ type Service struct {
 	// hands them to the move, for the task's Settle (see handedMeanwhile)
 	handedSeats *lately.Notes[*pendingFence]
 	nextHeadFor time.Duration // see nextHeadFor; tests lengthen it
+	taskMoves   atomic.Int64  // seats handed to tasks standing by in memory (for tests)
 	clock       clockOffset
 	// beforeEnrol, set by tests only, runs as a reply's enrolled tokens
 	// are about to be registered (enrolled), to delay that reply
