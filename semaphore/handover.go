@@ -218,15 +218,26 @@ func (s *Service) takeLocalHead(p *Permit) (w *waiter, since int64) {
 }
 
 // standingHead is this Service's task standing by that is first in the
-// key's line, by a reply within fresh, when p's seat may go to
+// key's line, by a reply within fresh (less the tokens that left the line
+// since), when p's seat may go to
 // it in memory: a task of one seat and no fair share that starts as its
 // seat comes, whose Entry waits (Entry.Wait) with its standby place, and
 // which has no seat yet. Caller holds the registry's mu.
 func (kw *keyWaits) standingHead(r *waitRegistry, p *Permit, fresh time.Duration) *waiter {
-	if len(kw.next) == 0 || time.Since(kw.nextAt) > fresh {
+	if time.Since(kw.nextAt) > fresh {
 		return nil
 	}
-	w := r.waiters[waitKey{p.key, kw.next[0]}]
+	// Tokens of this Service that left the line since the reply was made
+	// (seated, or gone) are passed over: the reply may have been on its
+	// way while they left.
+	var w *waiter
+	for len(kw.next) > 0 {
+		w = r.waiters[waitKey{p.key, kw.next[0]}]
+		if (w != nil && !w.done) || (w == nil && !r.leftLine.Recent(letOutKey(p.key, kw.next[0]))) {
+			break
+		}
+		kw.next, w = kw.next[1:], nil
+	}
 	if w == nil || w.done || !w.standing || !w.joined || len(w.seat) > 0 || w.place == "" ||
 		!w.req.cfg.startsOnSeat || w.req.cfg.seats != 1 || p.cfg.seats != 1 || w.req.cfg.share != "" || w.req.cfg.room == nil {
 		kw.next = nil // the store knows whom the seat goes to

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/fleetcap/fleetcap/internal/lately"
 )
 
 // Waiting in a process. A waiter (a waiting Acquire, or a task standing by
@@ -190,6 +192,10 @@ type waitRegistry struct {
 	// leaving: the enrolled tokens whose leave is on its way (enrol.go)
 	leaving map[waitKey]chan struct{}
 	keys    map[string]*keyWaits
+	// leftLine marks, for a while, the waiters that left (seated, or
+	// gone), by key and token: a reply that named them first in line may
+	// come after (see standingHead)
+	leftLine *lately.Marks
 
 	ps          *redis.PubSub // nil until subscribed
 	subscribing bool
@@ -199,8 +205,14 @@ type waitRegistry struct {
 }
 
 func newWaitRegistry() waitRegistry {
-	return waitRegistry{waiters: map[waitKey]*waiter{}, keys: map[string]*keyWaits{}}
+	return waitRegistry{waiters: map[waitKey]*waiter{}, keys: map[string]*keyWaits{},
+		leftLine: &lately.Marks{For: leftLineFor, Max: earlyMax}}
 }
+
+// leftLineFor is how long the registry remembers a waiter that left (see
+// waitRegistry.leftLine): longer than what a reply says of the line is
+// used (nextHeadFor).
+const leftLineFor = 2 * nextHeadFor
 
 // add registers w before its first call, so that a seat given to it in
 // that call finds it.
@@ -290,6 +302,7 @@ func (s *Service) remove(w *waiter) (seatMsg, bool) {
 func (r *waitRegistry) removeLocked(w *waiter) (promote bool) {
 	wk := waitKey{w.req.key, w.token}
 	if r.waiters[wk] == w {
+		r.leftLine.Mark(letOutKey(w.req.key, w.token))
 		delete(r.waiters, wk)
 		if kw := r.keys[w.req.key]; kw != nil {
 			if w.inRoom {
