@@ -155,3 +155,13 @@ func (s *Service) StandingBy(key string) int {
 // TaskMoves counts the seats s handed in memory to tasks standing by, for
 // tests.
 func (s *Service) TaskMoves() int64 { return s.taskMoves.Load() }
+
+// NoteLine has s take tokens for the first of key's line, as if a reply
+// said so now (noteNext), for tests.
+func (s *Service) NoteLine(key string, tokens ...string) {
+	s.waits.mu.Lock()
+	defer s.waits.mu.Unlock()
+	if kw := s.waits.keys[key]; kw != nil {
+		kw.next, kw.nextAt = tokens, time.Now()
+	}
+}

@@ -422,3 +422,24 @@ func checkSeatMovedToT2(t *testing.T, s *semaphore.Service, woken wakeLog, key s
 		t.Fatalf("t2's fence %d is not past t1's %d", p2.Fence(), p1.Fence())
 	}
 }
+
+// TestSeatedTokenFirstInAStaleLineIsPassedOver: a reply that named a
+// token of this process first in line may be handed on after that token
+// took its seat. The next seat given back passes it over and goes to the
+// task standing by behind it, in memory, rather than through the store.
+func TestSeatedTokenFirstInAStaleLineIsPassedOver(t *testing.T) {
+	_, s, woken, key := wokenService(t)
+	p1, t2, seat2 := standingPair(t, s, woken, key)
+	s.NoteLine(key, "t1", "t2") // t1 holds its seat already
+	if err := p1.Release(context.Background()); err != nil {
+		t.Fatalf("t1's release: %v", err)
+	}
+	p2 := <-seat2
+	if p2 == nil {
+		t.FailNow()
+	}
+	if n := s.TaskMoves(); n != 1 {
+		t.Fatalf("%d seats handed to tasks in memory, want 1 (t2's)", n)
+	}
+	checkSeatMovedToT2(t, s, woken, key, p1, t2, p2)
+}
