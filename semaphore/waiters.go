@@ -122,8 +122,8 @@ type keyWaits struct {
 	clear bool
 	// next is the tokens first in line by the last reply that said so
 	// (a release's or a hand-over's: see nextInLine in room.lua), less
-	// those handed seats since, and nextAt when it came; any other reply
-	// passed on forgets them (handover.go).
+	// those handed seats since, and nextAt when it came; a reply that
+	// gives seats and does not say forgets them (noteNext).
 	next   []string
 	nextAt time.Time
 	// handing names its tokens handed a seat in memory whose move is on
