@@ -72,7 +72,7 @@
 //     handover.lua moves it after (15 with its call: neither the
 //     waiter's slot entry nor the live seats are read; its task starts
 //     without waiting for the call; semaphore/handover.go): S5 at 1
-//     process reads 38.1 to 38.8 commands a task.
+//     process reads 37.9 to 38.8 commands a task.
 //     That token stands by as it is let out: the release makes it a
 //     waiter of its process, in line with its slot (semaphore.Room.Enrol:
 //     2 commands), so that its task, brought to that process's slot,
