@@ -67,12 +67,12 @@
 //     its arrival in its one member, and the next parked token let out
 //     for it, whom the waiter's Entry brings to a slot as it starts).
 //     When the next waiter in line is a task standing by in the
-//     releasing process (at 1 process, all but the first hand-over after
-//     the line changed hands), the seat goes to it in memory and
-//     handover.lua moves it after (15 with its call: neither the
-//     waiter's slot entry nor the live seats are read; its task starts
-//     without waiting for the call; semaphore/handover.go): S5 at 1
-//     process reads 37.9 to 38.8 commands a task.
+//     releasing process (most hand-overs at 1 process), the seat goes
+//     to it in memory and handover.lua moves it after (15 with its
+//     call: neither the waiter's slot entry nor the live seats are
+//     read; its task starts without waiting for the call;
+//     semaphore/handover.go): S5 at 1 process reads 37.9 to 38.8
+//     commands a task.
 //     That token stands by as it is let out: the release makes it a
 //     waiter of its process, in line with its slot (semaphore.Room.Enrol:
 //     2 commands), so that its task, brought to that process's slot,
