@@ -3,7 +3,6 @@ package semaphore
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -47,9 +46,10 @@ const acquireTokenPrefix = "w:"
 
 // pendingFence is the fence of a seat handed over in memory, known once
 // handover.lua answers (moved reports whether the waiter holds its seat).
-// For a task standing by (task: handed by standingHead), the move also says whether its standby
-// place went on with the seat (settled), and the tokens let out in it
-// (later), which its Entry's Settle hands on as the task starts.
+// For a task standing by (task: handed by standingHead), the move also
+// says whether its standby place went on with the seat (settled), and the
+// tokens let out in it (later), which its Entry's Settle hands on as the
+// task starts.
 type pendingFence struct {
 	done    chan struct{}
 	fence   uint64
@@ -90,12 +90,13 @@ func (f *pendingFence) wait() (fence uint64, moved bool, now time.Time) {
 // that time.
 const nextHeadFor = 100 * time.Millisecond
 
-// noteNext records the tokens first in key's line by r ("next"), less
-// those moving to a seat handed in memory; a reply that does not say,
-// but gave seats, makes it forget the ones noted: the line's head moved.
-// (A call that only added tokens to the line added them behind, but for
-// the window nextHeadFor bounds; each token noted is looked at again as
-// a seat goes to it: standingHead.)
+// noteNext records the tokens first in key's line by r ("next"); a reply
+// that does not say, but gave seats, makes it forget the ones noted: the
+// line's head moved. (A call that only added tokens to the line added
+// them behind, but for the window nextHeadFor bounds; each token noted is
+// looked at again as a seat goes to it, and those that left the line
+// since, a token handed a seat in memory among them, are passed over:
+// standingHead.)
 func (s *Service) noteNext(key string, r reply) {
 	_, said := r["next"]
 	if !said && len(r.strings("granted")) == 0 {
@@ -108,8 +109,7 @@ func (s *Service) noteNext(key string, r reply) {
 	if kw == nil {
 		return
 	}
-	kw.next = slices.DeleteFunc(next, func(t string) bool { return kw.handing[t] })
-	kw.nextAt = time.Now()
+	kw.next, kw.nextAt = next, time.Now()
 }
 
 // handingArgs name, for a call on key, this Service's tokens of key on
@@ -177,52 +177,53 @@ func (s *Service) wantsHead(key string) bool {
 // another of its waiters of the same shape waits behind (behind.go), that
 // one takes over the head's token, and its seat request and place, and
 // the head takes that one's permit id for its seat: since is then the
-// arrival the token keeps (0: the token leaves the line).
-func (s *Service) takeLocalHead(p *Permit) (w *waiter, since int64) {
+// arrival the token keeps (0: the token leaves the line). For a task
+// standing by (standingHead), move is the move its seat is handed with.
+func (s *Service) takeLocalHead(p *Permit) (w *waiter, since int64, move *pendingFence) {
 	r := &s.waits
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	kw := r.keys[p.key]
 	if kw == nil {
-		return nil, 0
+		return nil, 0, nil
 	}
 	if w := kw.standingHead(r, p, s.nextHeadFor); w != nil {
 		pf := &pendingFence{done: make(chan struct{}), task: true, member: w.member}
 		if !s.handedSeats.Note(letOutKey(p.key, w.token), pf) {
 			kw.next = nil
-			return nil, 0 // too many moves on the wire: release.lua serves it
+			return nil, 0, nil // too many moves on the wire: release.lua serves it
 		}
 		kw.next = kw.next[1:]
 		if kw.handing == nil {
 			kw.handing = map[string]bool{}
 		}
 		kw.handing[w.token] = true
-		w.done, w.moving = true, pf
-		return w, 0
+		w.done = true
+		return w, 0, pf
 	}
 	if !kw.clear || len(kw.line) == 0 {
-		return nil, 0
+		return nil, 0, nil
 	}
 	w = r.waiters[waitKey{p.key, kw.line[0]}]
 	if w == nil || w.done || !w.joined || !joinEnded(w) || len(w.seat) > 0 ||
 		!w.isAcquire() || w.req.cfg.seats != p.cfg.seats || w.req.cfg.share != "" {
-		return nil, 0
+		return nil, 0, nil
 	}
 	kw.line = kw.line[1:] // its token leaves that place in line
 	if b := kw.sameShapeBehind(w); b != nil {
 		r.passToken(kw, w, b)
-		return w, b.since
+		return w, b.since, nil
 	}
 	w.done = true
-	return w, 0
+	return w, 0, nil
 }
 
 // standingHead is this Service's task standing by that is first in the
 // key's line, by a reply within fresh (less the tokens that left the line
-// since), when p's seat may go to
-// it in memory: a task of one seat and no fair share that starts as its
-// seat comes, whose Entry waits (Entry.Wait) with its standby place, and
-// which has no seat yet. Caller holds the registry's mu.
+// since), when p's seat may go to it in memory: a task of one seat and no
+// fair share that starts as its seat comes, whose Entry waits
+// (Entry.Wait) with its standby place, and which has no seat yet. Caller
+// holds the registry's mu.
 func (kw *keyWaits) standingHead(r *waitRegistry, p *Permit, fresh time.Duration) *waiter {
 	if time.Since(kw.nextAt) > fresh {
 		return nil
@@ -266,7 +267,7 @@ func (s *Service) handOver(p *Permit) (held, done bool, err error) {
 	if p.from != nil || !p.liveLocally() {
 		return false, false, nil
 	}
-	w, since := s.takeLocalHead(p)
+	w, since, pf := s.takeLocalHead(p)
 	if w == nil {
 		return false, false, nil
 	}
@@ -275,11 +276,11 @@ func (s *Service) handOver(p *Permit) (held, done bool, err error) {
 	p.mu.Lock()
 	p.handedOff = true
 	p.mu.Unlock()
-	pf, task := w.moving, w.moving != nil
-	if !task {
-		pf = &pendingFence{done: make(chan struct{})}
-	} else {
+	task := pf != nil
+	if task {
 		s.taskMoves.Add(1)
+	} else {
+		pf = &pendingFence{done: make(chan struct{})}
 	}
 	w.seat <- seatMsg{member: w.member, pending: pf} // its one seat: w is done for every other delivery
 	s.localHandOvers.Add(1)

@@ -340,16 +340,7 @@ func TestStandingTaskTakesItsSeatOnTheEmbeddedRedis(t *testing.T) {
 	woken := make(wakeLog, 16)
 	s, key := newService(t, rdb, woken.option), uniqueKey(t)
 	p1, t2, seat2 := standingPair(t, s, woken, key)
-	if err := p1.Release(context.Background()); err != nil {
-		t.Fatalf("t1's release: %v", err)
-	}
-	p2 := <-seat2
-	if p2 == nil {
-		t.FailNow()
-	}
-	if n := s.TaskMoves(); n != 1 {
-		t.Fatalf("%d seats handed to tasks in memory, want 1 (t2's)", n)
-	}
+	p2 := releaseToT2InMemory(t, s, p1, seat2)
 	checkSeatMovedToT2(t, s, woken, key, p1, t2, p2)
 }
 
@@ -431,6 +422,15 @@ func TestSeatedTokenFirstInAStaleLineIsPassedOver(t *testing.T) {
 	_, s, woken, key := wokenService(t)
 	p1, t2, seat2 := standingPair(t, s, woken, key)
 	s.NoteLine(key, "t1", "t2") // t1 holds its seat already
+	p2 := releaseToT2InMemory(t, s, p1, seat2)
+	checkSeatMovedToT2(t, s, woken, key, p1, t2, p2)
+}
+
+// releaseToT2InMemory releases t1's seat (p1) and returns t2's, which
+// comes on seat2 (or the test fails once t2's wait timed out), checking
+// that it was handed to t2 in memory.
+func releaseToT2InMemory(t *testing.T, s *semaphore.Service, p1 *semaphore.Permit, seat2 <-chan *semaphore.Permit) *semaphore.Permit {
+	t.Helper()
 	if err := p1.Release(context.Background()); err != nil {
 		t.Fatalf("t1's release: %v", err)
 	}
@@ -441,5 +441,5 @@ func TestSeatedTokenFirstInAStaleLineIsPassedOver(t *testing.T) {
 	if n := s.TaskMoves(); n != 1 {
 		t.Fatalf("%d seats handed to tasks in memory, want 1 (t2's)", n)
 	}
-	checkSeatMovedToT2(t, s, woken, key, p1, t2, p2)
+	return p2
 }

@@ -195,9 +195,6 @@ func (e *Entry) awaitMoving() {
 	}
 	e.later = append(e.later, pf.meanwhile...)
 	pf.mu.Unlock()
-	if len(e.later) > 0 {
-		e.settled = true // (the tokens let out come back as the task starts)
-	}
 }
 
 // Enter asks for a seat of key (a semaphore of permits seats; 0 pauses

@@ -86,9 +86,6 @@ type waiter struct {
 	// may be handed to it in memory (handover.go); guarded by mu. place is
 	// then the arrival its standby place was made with.
 	standing bool
-	// moving is the move of the seat handed to it in memory, once one was
-	// (handover.go); guarded by mu
-	moving *pendingFence
 }
 
 func newWaiter(req request, token string) *waiter {
@@ -192,9 +189,9 @@ type waitRegistry struct {
 	// leaving: the enrolled tokens whose leave is on its way (enrol.go)
 	leaving map[waitKey]chan struct{}
 	keys    map[string]*keyWaits
-	// leftLine marks, for a while, the waiters that left (seated, or
-	// gone), by key and token: a reply that named them first in line may
-	// come after (see standingHead)
+	// leftLine marks, for a while, the tasks standing by that left the
+	// line (seated, or gone), by key and token: a reply that named them
+	// first in line may come after (see standingHead)
 	leftLine *lately.Marks
 
 	ps          *redis.PubSub // nil until subscribed
@@ -302,7 +299,9 @@ func (s *Service) remove(w *waiter) (seatMsg, bool) {
 func (r *waitRegistry) removeLocked(w *waiter) (promote bool) {
 	wk := waitKey{w.req.key, w.token}
 	if r.waiters[wk] == w {
-		r.leftLine.Mark(letOutKey(w.req.key, w.token))
+		if w.standing {
+			r.leftLine.Mark(letOutKey(w.req.key, w.token))
+		}
 		delete(r.waiters, wk)
 		if kw := r.keys[w.req.key]; kw != nil {
 			if w.inRoom {
