@@ -23,14 +23,14 @@
 //     call every TTL/3. Measured: 3 script calls a task, as bare
 //     asynq's 3.
 //   - A semaphore's own Acquire and Release (S3), or a task that finds
-//     no spare seat, on a key nobody waits for: two calls of quick.lua,
-//     the take (whether anybody waits, the server's time, the seats,
+//     no spare seat, on a key nobody waits for: one call of quick.lua
+//     to take (whether anybody waits, the server's time, the seats,
 //     the seat and its lease, the fence: 6 or 7 commands; the lapsed
-//     leases are dropped first only when they would refuse it) and the
-//     give (the room, the seat, whether it was the last: 3 or 4; 5 or 6
-//     with the clock and the lease's expiry when the lease has less
-//     than half its TTL to run), without the waiting room's functions
-//     (semaphore/quick.go). On a key with waiters, a seat given back
+//     leases are dropped first only when they would refuse it), without
+//     the waiting room's functions, and two plain commands to give back
+//     (the seat's ZREM, then whether anybody waits; when the lease has
+//     less than half its TTL to run, quick.lua with the clock and the
+//     lease's expiry instead: 5 or 6) (semaphore/quick.go). On a key with waiters, a seat given back
 //     while the process's own waiter is first in line goes to it in
 //     memory and moves with one call of handover.lua
 //     (semaphore/handover.go).

@@ -9,8 +9,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Auto-pipelining. The hot script calls (acquire, release, hand-over) of
-// concurrent callers are sent together: a call joins a pending batch, and
+// Auto-pipelining. The hot script calls (acquire, release, hand-over) and
+// the quick path's plain give (quick.go) of concurrent callers are sent together: a call joins a pending batch, and
 // a few flusher goroutines each take the whole pending batch and send it as
 // one pipeline, so Redis reads and answers many calls per system call and
 // this process writes and reads them with one each. A flusher runs only
@@ -32,13 +32,17 @@ const (
 	maxBatch    = 128 // calls in one pipeline
 )
 
-// evalCall is one script call waiting for its batch.
+// evalCall is one script call, or a few plain commands, waiting for its
+// batch.
 type evalCall struct {
 	script *redis.Script
 	keys   []string
 	args   []any
 	cmd    *redis.Cmd // the script's reply
-	done   chan struct{}
+	// plain queues plain commands in place of a script (script is nil);
+	// their replies are in the commands it queued.
+	plain func(context.Context, redis.Pipeliner)
+	done  chan struct{}
 }
 
 type batcher struct {
@@ -55,6 +59,12 @@ func (b *batcher) run(script *redis.Script, keys []string, args ...any) *redis.C
 	c := &evalCall{script: script, keys: keys, args: args}
 	b.wait(c)
 	return c.cmd
+}
+
+// runPlain sends the commands queue queues through the next batch and
+// waits for their replies, as run does a script.
+func (b *batcher) runPlain(queue func(context.Context, redis.Pipeliner)) {
+	b.wait(&evalCall{plain: queue})
 }
 
 func (b *batcher) wait(c *evalCall) {
@@ -129,18 +139,25 @@ func (b *batcher) flush() {
 func (b *batcher) send(batch []*evalCall) {
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
-	if len(batch) == 1 {
+	if len(batch) == 1 && batch[0].script != nil {
 		c := batch[0]
 		c.cmd = c.script.Run(ctx, b.rdb, c.keys, c.args...)
 		return
 	}
 	pipe := b.rdb.Pipeline()
 	for _, c := range batch {
+		if c.plain != nil {
+			c.plain(ctx, pipe)
+			continue
+		}
 		c.cmd = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
 	}
 	_, _ = pipe.Exec(ctx) // every command carries its own error
 	var retry []*evalCall
 	for _, c := range batch {
+		if c.plain != nil {
+			continue
+		}
 		if err := c.cmd.Err(); err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")) {
 			retry = append(retry, c)
 		}

@@ -216,6 +216,12 @@ func (s *Service) release(ctx context.Context, p *Permit) (bool, error) {
 	if held, done, err := s.handOver(p); done {
 		return held, err
 	}
+	return s.releaseOnStore(p)
+}
+
+// releaseOnStore gives p's seat back with release.lua, which passes the
+// free seats on. It reports whether p still held the seat.
+func (s *Service) releaseOnStore(p *Permit) (bool, error) {
 	args := s.settleArgs(p.key, "member", p.member, "seats", p.cfg.seats, "capacity", p.capacity)
 	if s.wantsHead(p.key) {
 		args = append(args, "head", "1")

@@ -1,6 +1,8 @@
 package semaphore
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -11,13 +13,15 @@ import (
 
 // The quick path. Most calls find nobody waiting: a seat is free, or a
 // seat is given back that nobody waits for. Such a call needs none of the
-// waiting room, and quick.lua does it with the seats, the fence and one
-// look at the room (about a third of the Redis time of acquire.lua or
-// release.lua, which define the room's functions and read their arguments
-// by name). When quick.lua finds anybody waiting it changes nothing and
-// says so, and the call goes through the room's script; the key is then
-// marked busy for busyFor, so that calls on a contended key go straight
-// to the room's scripts instead of making two calls each.
+// waiting room. quick.lua takes a seat with the seats, the fence and one
+// look at the room (about a third of the Redis time of acquire.lua, which
+// defines the room's functions and reads its arguments by name); when it
+// finds anybody waiting it changes nothing and says so, and the call goes
+// through the room's script. A seat goes back with two plain commands
+// (plainGive): S3's Redis CPU a cycle read 22 µs against 27 with
+// quick.lua's give. A call that finds anybody waiting marks the key busy
+// for busyFor, so that calls on a contended key go straight to the room's
+// scripts instead of making two calls each.
 
 var quickScript = redis.NewScript(luaFile("nextfence.lua") + luaFile("quick.lua"))
 
@@ -88,17 +92,27 @@ func quickSeat(v []any) (now int64, fence uint64, err error) {
 	return now, uint64(f), nil
 }
 
-// quickGive gives p's seat back when nobody waits for its key; done is
-// false when the call must go through release.lua.
+// quickGive gives p's seat back when it is the key's only call of the
+// moment on this process's side; done is false when the call must go
+// through release.lua with the seat still held.
+//
+// A seat whose lease is surely live (see Permit.surelyLive) goes back with
+// two plain commands and no script: its ZREM, then a look at the room
+// (EXISTS of its keys). The look comes after the seat is free, so that no
+// waiter is missed: one that came before it is seen, one that came after
+// found the seat free. When somebody waits, release.lua, given the seat
+// already back, passes it on. The key's fence, which a script dropped with
+// the last seat, lapses with the lease it was granted with (nextFence).
+// Another seat asks quick.lua, which reads the clock to tell whether the
+// lease ran out.
 func (s *Service) quickGive(p *Permit) (held, done bool, err error) {
 	if p.cfg.seats != 1 || s.busy.Recent(p.key) {
 		return false, false, nil
 	}
-	live := "0"
 	if p.surelyLive() {
-		live = "1" // quick.lua needs no clock to tell it held
+		return s.plainGive(p)
 	}
-	v, err := s.batch.of(p.k.holders).run(quickScript, p.k.quick(), "give", p.member, live).Slice()
+	v, err := s.batch.of(p.k.holders).run(quickScript, p.k.quick(), "give", p.member).Slice()
 	if err != nil {
 		return false, true, err
 	}
@@ -110,4 +124,24 @@ func (s *Service) quickGive(p *Permit) (held, done bool, err error) {
 		return false, false, nil
 	}
 	return false, true, fmt.Errorf("semaphore: quick.lua replied %v", v)
+}
+
+// plainGive gives back a seat whose lease is surely live with plain
+// commands (see quickGive).
+func (s *Service) plainGive(p *Permit) (held, done bool, err error) {
+	var gone, waiting *redis.IntCmd
+	s.batch.of(p.k.holders).runPlain(func(ctx context.Context, pipe redis.Pipeliner) {
+		gone = pipe.ZRem(ctx, p.k.holders, p.member)
+		waiting = pipe.Exists(ctx, p.k.waiting, p.k.parked, p.k.places, p.k.aside)
+	})
+	if err := errors.Join(gone.Err(), waiting.Err()); err != nil {
+		return false, true, err
+	}
+	held = gone.Val() == 1
+	if waiting.Val() == 0 {
+		return held, true, nil
+	}
+	s.busy.Mark(p.key)
+	_, err = s.releaseOnStore(p) // p's member is gone: it only passes the seat on
+	return held, true, err
 }

@@ -3,6 +3,7 @@ package semaphore_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -60,9 +61,10 @@ func TestQuickPathNeverOvertakesAWaiter(t *testing.T) {
 }
 
 // TestIdleKeyCycleTakesTheQuickPath: a TryAcquire, an Acquire or a task's
-// Enter, and their Release, on a key nobody waits for are one call of
-// quick.lua each, not the waiting room's scripts (which would cost Redis
-// about three times the time).
+// Enter on a key nobody waits for is one call of quick.lua, not the
+// waiting room's scripts (which would cost Redis about three times the
+// time), and its Release two plain commands (the seat's ZREM, then a look
+// at the room) and no script.
 func TestIdleKeyCycleTakesTheQuickPath(t *testing.T) {
 	srv := redistest.Start(t)
 	s := newService(t, srv.Client())
@@ -110,14 +112,24 @@ func TestIdleKeyCycleTakesTheQuickPath(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bySHA := map[string]int{}
+	// The slow log lists a script's own commands too, without a client's
+	// address.
+	bySHA, plain := map[string]int{}, map[string]int{}
 	for _, e := range entries {
-		if len(e.Args) > 1 && strings.EqualFold(e.Args[0], "evalsha") {
+		switch name := strings.ToLower(e.Args[0]); {
+		case name == "evalsha" && len(e.Args) > 1:
 			bySHA[e.Args[1]]++
+		case strings.HasPrefix(e.ClientAddr, "127.0.0.1:"):
+			plain[name]++
 		}
 	}
-	if quick := semaphore.QuickScriptHash(); bySHA[quick] != 2*cycles || len(bySHA) != 1 {
-		t.Errorf("script calls by SHA1 %v: want %d of quick.lua (%s) and no other", bySHA, 2*cycles, quick)
+	if quick := semaphore.QuickScriptHash(); bySHA[quick] != cycles || len(bySHA) != 1 {
+		t.Errorf("script calls by SHA1 %v: want %d of quick.lua (%s) and no other", bySHA, cycles, quick)
+	}
+	delete(plain, "evalsha")
+	delete(plain, "slowlog") // the reset above
+	if plain["zrem"] != cycles || plain["exists"] != cycles || len(plain) != 2 {
+		t.Errorf("commands outside scripts %v: want %d ZREMs and %d EXISTS and no other", plain, cycles, cycles)
 	}
 }
 
@@ -244,5 +256,49 @@ func TestQuickGiveOfALiveLeaseAsksNoClock(t *testing.T) {
 		if strings.Contains(stats, "cmdstat_"+cmd+":") {
 			t.Errorf("the give of a live lease called %s; commandstats:\n%s", strings.ToUpper(cmd), stats)
 		}
+	}
+}
+
+// TestPlainGivePassesTheSeatOnToAWaiter: a Release on the quick path (its
+// process saw nobody waiting for the key lately) gives the seat back with
+// plain commands; when it then finds another process's caller waiting, the
+// same Release passes the seat on: it is the waiter's when Release
+// returns, not at the waiter's next recheck.
+func TestPlainGivePassesTheSeatOnToAWaiter(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	key := uniqueKey(t)
+	ctx := context.Background()
+	giver, other, waiter := newService(t, rdb), newService(t, rdb), newService(t, rdb)
+	// Of 2 seats, the giver's took one with another free: the giver saw
+	// nobody waiting.
+	given := mustAcquire(t, giver, key, 2, semaphore.WithTTL(time.Minute))
+	kept := mustAcquire(t, other, key, 2, semaphore.WithTTL(time.Minute))
+	defer kept.Release(ctx)
+	got := acquireInLineOf(t, waiter, key, 2)
+	waitfor.Condition(t, 5*time.Second, "the waiter's recheck is far off", func() bool {
+		return waiter.LineBackoff(key) >= 400*time.Millisecond
+	})
+	if err := given.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	holders := storeKey(key, "holders")
+	seats, err := rdb.ZRange(ctx, holders, 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(seats) != 2 || slices.Contains(seats, given.ID()) {
+		t.Fatalf("right after the Release the key's seats are %q: want the kept one and the waiter's", seats)
+	}
+	select {
+	case p := <-got:
+		if p == nil || !slices.Contains(seats, p.ID()) {
+			t.Fatalf("the waiter's permit %v is not the seat the Release passed on (%q)", p, seats)
+		}
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiter was not given the seat within 5s")
 	}
 }

@@ -32,8 +32,9 @@
 // rule of the line stays as it is. And every seat carries a fencing token
 // (Permit.Fence), above every fence granted on its key before.
 //
-// A call on a key nobody waits for skips the room: quick.lua takes or
-// gives back a seat with one look at it (quick.go). Of a process's Acquire
+// A call on a key nobody waits for skips the room: quick.lua takes a seat
+// with one look at it, and two plain commands give it back, the seat
+// first and then the look (quick.go). Of a process's Acquire
 // calls that wait for a key, a few join the room and the others wait
 // behind them in the process, keeping their arrivals (behind.go); a seat
 // given back while the process's own waiter is first in line goes to it

@@ -14,11 +14,9 @@
 --         lease ms, ARGV[4] capacity. One seat.
 --         Reply: {'seat', now ms, fence, seats left free} | {'full', now ms}
 --         | {'room'}
--- ARGV[1] 'give': ARGV[2] member (one seat), ARGV[3] '1' when the
---         caller knows the lease is live (it has over half its TTL to
---         run by the caller's clock, see Permit.surelyLive): the seat is
---         then held when it is there, and the call needs no clock.
---         Reply: {'held' | 'lost'} | {'room'}
+-- ARGV[1] 'give': ARGV[2] member (one seat) whose lease may have run out
+--         (a seat surely live goes back with plain commands: see
+--         quickGive). Reply: {'held' | 'lost'} | {'room'}
 --
 -- A take drops lapsed leases only when the live and lapsed ones together
 -- leave no seat free: a lapsed lease still counted never lets a take
@@ -27,12 +25,6 @@
 
 if redis.call('EXISTS', KEYS[2], KEYS[3], KEYS[4], KEYS[5]) > 0 then return {'room'} end
 
-if ARGV[1] == 'give' and ARGV[3] == '1' then
-  if redis.call('ZREM', KEYS[1], ARGV[2]) == 0 then return {'lost'} end
-  -- The last seat is back: the key idles, and its fence goes with it.
-  if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('DEL', KEYS[6]) end
-  return {'held'}
-end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
