@@ -259,46 +259,59 @@ func TestQuickGiveOfALiveLeaseAsksNoClock(t *testing.T) {
 	}
 }
 
-// TestPlainGivePassesTheSeatOnToAWaiter: a Release on the quick path (its
-// process saw nobody waiting for the key lately) gives the seat back with
-// plain commands; when it then finds another process's caller waiting, the
-// same Release passes the seat on: it is the waiter's when Release
-// returns, not at the waiter's next recheck.
-func TestPlainGivePassesTheSeatOnToAWaiter(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client()
-	key := uniqueKey(t)
-	ctx := context.Background()
-	giver, other, waiter := newService(t, rdb), newService(t, rdb), newService(t, rdb)
-	// Of 2 seats, the giver's took one with another free: the giver saw
-	// nobody waiting.
-	given := mustAcquire(t, giver, key, 2, semaphore.WithTTL(time.Minute))
-	kept := mustAcquire(t, other, key, 2, semaphore.WithTTL(time.Minute))
-	defer kept.Release(ctx)
-	got := acquireInLineOf(t, waiter, key, 2)
-	waitfor.Condition(t, 5*time.Second, "the waiter's recheck is far off", func() bool {
-		return waiter.LineBackoff(key) >= 400*time.Millisecond
-	})
-	if err := given.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	holders := storeKey(key, "holders")
-	seats, err := rdb.ZRange(ctx, holders, 0, -1).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(seats) != 2 || slices.Contains(seats, given.ID()) {
-		t.Fatalf("right after the Release the key's seats are %q: want the kept one and the waiter's", seats)
-	}
-	select {
-	case p := <-got:
-		if p == nil || !slices.Contains(seats, p.ID()) {
-			t.Fatalf("the waiter's permit %v is not the seat the Release passed on (%q)", p, seats)
-		}
-		if err := p.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the waiter was not given the seat within 5s")
+// TestQuickGivePassesTheSeatOnToAWaiter: a Release on the quick path (its
+// process saw nobody waiting for the key lately) that finds another
+// process's caller waiting passes the seat on: it is the waiter's when
+// Release returns, not at the waiter's next recheck. A lease surely live
+// goes back with plain commands, which find the waiter once the seat is
+// back; one past half its TTL asks quick.lua, which finds the waiter
+// first and leaves the seat to release.lua.
+func TestQuickGivePassesTheSeatOnToAWaiter(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ttl  time.Duration
+		age  time.Duration // how long the seat is held before its Release
+	}{
+		{"surely live", time.Minute, 0},
+		{"past half its TTL", 2 * time.Second, 1100 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			rdb := srv.Client()
+			key := uniqueKey(t)
+			ctx := context.Background()
+			giver, other, waiter := newService(t, rdb), newService(t, rdb), newService(t, rdb)
+			// Of 2 seats, the giver's took one with another free: the
+			// giver saw nobody waiting.
+			given := mustAcquire(t, giver, key, 2, semaphore.WithTTL(tc.ttl))
+			taken := time.Now()
+			kept := mustAcquire(t, other, key, 2, semaphore.WithTTL(time.Minute))
+			defer kept.Release(ctx)
+			got := acquireInLineOf(t, waiter, key, 2)
+			waitfor.Condition(t, 5*time.Second, "the waiter's recheck is far off, and the seat as old as the case says", func() bool {
+				return waiter.LineBackoff(key) >= 400*time.Millisecond && time.Since(taken) >= tc.age
+			})
+			if err := given.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			seats, err := rdb.ZRange(ctx, storeKey(key, "holders"), 0, -1).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(seats) != 2 || slices.Contains(seats, given.ID()) {
+				t.Fatalf("right after the Release the key's seats are %q: want the kept one and the waiter's", seats)
+			}
+			select {
+			case p := <-got:
+				if p == nil || !slices.Contains(seats, p.ID()) {
+					t.Fatalf("the waiter's permit %v is not the seat the Release passed on (%q)", p, seats)
+				}
+				if err := p.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the waiter was not given the seat within 5s")
+			}
+		})
 	}
 }
