@@ -79,8 +79,10 @@ func TestDepartingWaiterWakesTheNext(t *testing.T) {
 }
 
 // proxied returns a client of srv through a TCP proxy (for connections
-// made slow on purpose), with warm connections in its pool: conns commands
-// ran at once on it.
+// made slow on purpose), with warm connections in its pools: conns commands
+// ran at once on it, and conns pipelines (go-redis keeps the connections
+// of pipelines in a pool of their own, which the plain give and the
+// auto-pipeliner's batches use).
 func proxied(t *testing.T, srv *redistest.Server, conns int) (*redis.Client, *tcpproxy.Proxy) {
 	t.Helper()
 	proxy, err := tcpproxy.New(srv.Addr())
@@ -98,6 +100,15 @@ func proxied(t *testing.T, srv *redistest.Server, conns int) (*redis.Client, *tc
 			// Each holds its connection for a moment, so that they are
 			// all made.
 			if err := rdb.BLPop(context.Background(), 50*time.Millisecond, "warm-"+t.Name()).Err(); err != nil && !errors.Is(err, redis.Nil) {
+				t.Error(err)
+			}
+		}()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pipe := rdb.Pipeline()
+			pipe.BLPop(context.Background(), 50*time.Millisecond, "warm-"+t.Name())
+			if _, err := pipe.Exec(context.Background()); err != nil && !errors.Is(err, redis.Nil) {
 				t.Error(err)
 			}
 		}()

@@ -21,13 +21,18 @@ import (
 // (plainGive): S3's Redis CPU a cycle read 22 µs against 27 with
 // quick.lua's give. A call that finds anybody waiting marks the key busy
 // for busyFor, so that calls on a contended key go straight to the room's
-// scripts instead of making two calls each.
+// scripts instead of making two calls each. A take of the last seat marks
+// it full for as long: the takes go to the room's script, which waits,
+// and the gives stay quick, since they look for waiters themselves (a key
+// whose cap is reached and nobody waits for, such as a tenant's cap of 2
+// in S6, keeps the quick path).
 
 var quickScript = redis.NewScript(luaFile("nextfence.lua") + luaFile("quick.lua"))
 
 // busyFor is how long a key stays on the room's scripts after a call found
-// somebody waiting for it, or found it full when it would have waited;
-// busyMax bounds the keys remembered.
+// somebody waiting for it, or found it full when it would have waited (and
+// its takes after a take of its last seat); busyMax bounds the keys
+// remembered.
 const (
 	busyFor = time.Second
 	busyMax = 4096
@@ -36,9 +41,10 @@ const (
 func newBusyKeys() *lately.Marks { return &lately.Marks{For: busyFor, Max: busyMax} }
 
 // quickFits reports whether req may take the quick path: one seat, on a
-// key not busy lately.
+// key not busy lately, whose last seat no quick take took lately (the
+// take would likely find it full).
 func (s *Service) quickFits(req request) bool {
-	return req.cfg.seats == 1 && !s.busy.Recent(req.key)
+	return req.cfg.seats == 1 && !s.busy.Recent(req.key) && !s.full.Recent(req.key)
 }
 
 // quickTake takes a free seat for req when nobody waits for its key (the
@@ -66,7 +72,7 @@ func (s *Service) quickTake(req request, wait bool) (p *Permit, done bool, err e
 			return nil, true, err
 		}
 		if free, _ := v[3].(int64); free == 0 {
-			s.busy.Mark(req.key) // it took the last seat: the next will likely wait
+			s.full.Mark(req.key) // it took the last seat: the next take will likely wait
 		}
 		s.clock.observeMillis(now, sent, time.Now())
 		return s.newPermit(req, id, m, fence, time.UnixMilli(now), sent), true, nil
@@ -92,9 +98,13 @@ func quickSeat(v []any) (now int64, fence uint64, err error) {
 	return now, uint64(f), nil
 }
 
-// quickGive gives p's seat back when it is the key's only call of the
-// moment on this process's side; done is false when the call must go
-// through release.lua with the seat still held.
+// quickGive gives p's seat back on a key nobody was seen waiting for
+// lately: no call of this Service found anybody waiting, and none of its
+// callers waits for it now (a seat given back then may go to its own
+// waiter in memory, handover.go). done is false when the call must go
+// through release.lua with the seat still held. A key whose last seat a
+// quick take took stays on the quick give: the give sees whether anybody
+// waits.
 //
 // A seat whose lease is surely live (see Permit.surelyLive) goes back with
 // two plain commands and no script: its ZREM, then a look at the room
@@ -106,7 +116,7 @@ func quickSeat(v []any) (now int64, fence uint64, err error) {
 // Another seat asks quick.lua, which reads the clock to tell whether the
 // lease ran out.
 func (s *Service) quickGive(p *Permit) (held, done bool, err error) {
-	if p.cfg.seats != 1 || s.busy.Recent(p.key) {
+	if p.cfg.seats != 1 || s.busy.Recent(p.key) || s.hasWaiters(p.key) {
 		return false, false, nil
 	}
 	if p.surelyLive() {
@@ -144,4 +154,12 @@ func (s *Service) plainGive(p *Permit) (held, done bool, err error) {
 	s.busy.Mark(p.key)
 	_, err = s.releaseOnStore(p) // p's member is gone: it only passes the seat on
 	return held, true, err
+}
+
+// hasWaiters reports whether callers of this Service wait for key.
+func (s *Service) hasWaiters(key string) bool {
+	s.waits.mu.Lock()
+	defer s.waits.mu.Unlock()
+	kw := s.waits.keys[key]
+	return kw != nil && kw.n > 0
 }

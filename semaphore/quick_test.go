@@ -315,3 +315,57 @@ func TestQuickGivePassesTheSeatOnToAWaiter(t *testing.T) {
 		})
 	}
 }
+
+// TestTakeOfTheLastSeatKeepsTheGiveQuick: a key whose last seat a quick
+// take took (a cap reached with nobody waiting, such as a tenant's cap of
+// 2) sends its next take to the waiting room's script, which would wait,
+// and gives its seats back with the plain commands: no script call.
+func TestTakeOfTheLastSeatKeepsTheGiveQuick(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	s, key := newService(t, rdb), uniqueKey(t)
+	ctx := context.Background()
+	// quick.lua and acquire.lua are loaded on another key first, so that
+	// no EVALSHA refused with NOSCRIPT is counted below.
+	warm := mustAcquire(t, s, key+"-warm", 1)
+	if p, err := s.TryAcquire(ctx, key+"-warm", 1); err != nil || p != nil {
+		t.Fatalf("TryAcquire of a full key: %v, %v", p, err)
+	}
+	if err := warm.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	first := mustAcquire(t, s, key, 2, semaphore.WithTTL(time.Minute))
+	last := mustAcquire(t, s, key, 2, semaphore.WithTTL(time.Minute))
+	if p, err := s.TryAcquire(ctx, key, 2); err != nil || p != nil {
+		t.Fatalf("TryAcquire of a full key: %v, %v", p, err)
+	}
+	for _, p := range []*semaphore.Permit{first, last} {
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stats, err := rdb.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two quick takes and acquire.lua's refusal: three script calls; the
+	// two gives add ZREMs and EXISTS, and no script call.
+	calls := func(cmd string) string {
+		for _, line := range strings.Split(stats, "\n") {
+			if rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
+				n, _, _ := strings.Cut(rest, ",")
+				return n
+			}
+		}
+		return "0"
+	}
+	if got := calls("evalsha"); got != "3" {
+		t.Errorf("%s script calls for two takes, a refused take and two gives, want 3; commandstats:\n%s", got, stats)
+	}
+	if got := calls("zrem"); got != "2" {
+		t.Errorf("%s ZREMs for two gives, want 2; commandstats:\n%s", got, stats)
+	}
+}

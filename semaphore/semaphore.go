@@ -161,6 +161,7 @@ type Service struct {
 	waits waitRegistry  // the waiters of this Service, and their keys
 	spare spareSeats    // the spare seats it holds
 	busy  *lately.Marks // keys found with somebody waiting lately (quick.go)
+	full  *lately.Marks // keys whose last seat a quick take took lately (quick.go)
 	told  *lately.Marks // rooms told their settings lately (see roomTold)
 	roomy *lately.Marks // keys whose room held tokens lately: a task stood by or parked (see release)
 	// letOut keeps the arrivals of the tokens this Service let out of its
@@ -229,6 +230,7 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 		waits:       newWaitRegistry(),
 		spare:       spareSeats{max: opts.SpareSeats, open: map[string]*spareBlock{}},
 		busy:        newBusyKeys(),
+		full:        newBusyKeys(),
 		told:        &lately.Marks{For: time.Minute, Max: busyMax},
 		roomy:       newBusyKeys(),
 		letOut:      &lately.Notes[string]{For: time.Minute, Max: busyMax},
