@@ -17,7 +17,7 @@ func admitterFor(t *testing.T, yaml string) *Admitter {
 }
 
 // tableFor is the Table of the config yaml.
-func tableFor(t *testing.T, yaml string) *Table {
+func tableFor(t testing.TB, yaml string) *Table {
 	t.Helper()
 	cfg, err := config.ParseConfig([]byte(yaml))
 	if err != nil {

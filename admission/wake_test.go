@@ -196,7 +196,7 @@ func startRateAdmitter(t *testing.T) (*Admitter, Limit) {
 
 // newAdmitter is an Admitter on rdb for the config yaml, with a Service of
 // opts and a Limiter of its own, closed at the test's end.
-func newAdmitter(t *testing.T, rdb *redis.Client, yaml string, opts semaphore.Options) *Admitter {
+func newAdmitter(t testing.TB, rdb *redis.Client, yaml string, opts semaphore.Options) *Admitter {
 	t.Helper()
 	sem, lim := newStores(t, rdb, opts)
 	a, err := New(Options{Redis: rdb, Table: tableFor(t, yaml), Semaphore: sem, Limiter: lim, ParkedRetry: time.Minute})
@@ -285,7 +285,7 @@ func TestSeatedEnrolledTaskStaysWhereItWaits(t *testing.T) {
 
 // newStores are a Service of opts, closed at the test's end, and a Limiter
 // on rdb.
-func newStores(t *testing.T, rdb redis.UniversalClient, opts semaphore.Options) (*semaphore.Service, *ratelimit.Limiter) {
+func newStores(t testing.TB, rdb redis.UniversalClient, opts semaphore.Options) (*semaphore.Service, *ratelimit.Limiter) {
 	t.Helper()
 	sem, err := semaphore.New(rdb, opts)
 	if err != nil {
