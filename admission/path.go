@@ -183,19 +183,27 @@ func (a *Admitter) limitsFor(taskType string, payload []byte) (caps, rates []Lim
 	if err != nil {
 		return nil, nil, err
 	}
+	// For gives the caps first, then the rate limits: the two are parts of
+	// its slice, not copies.
+	n := 0
 	for _, l := range limits {
 		switch l.Kind {
 		case KindCap:
 			if l.Template != "" {
 				a.recentCaps.touch(l.Key, l.Template, l.Capacity)
 			}
-			caps = append(caps, l)
+			n++
 		case KindRate:
 			if l.Template != "" {
 				a.recentRates.touch(l.Key, l.Template, 0)
 			}
-			rates = append(rates, l)
 		}
+	}
+	if n > 0 {
+		caps = limits[:n:n]
+	}
+	if n < len(limits) {
+		rates = limits[n:]
 	}
 	return caps, rates, nil
 }

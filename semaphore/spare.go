@@ -91,6 +91,7 @@ func (s *Service) spareFits(req request) bool {
 }
 
 // lendSpare lends req a seat of its key's spare seats, or returns nil.
+// req's key names (req.k) may be unset: the seat has the spare seats'.
 func (s *Service) lendSpare(req request) *Permit {
 	if !s.spareFits(req) {
 		return nil
@@ -116,6 +117,7 @@ func (s *Service) lendSpare(req request) *Permit {
 		b.idle = nil
 	}
 	b.lent++
+	req.k = b.permit.k
 	// Its id: the spare seats' and a count (no random bytes to read).
 	p := s.newPermit(req, b.permit.id+"."+strconv.FormatUint(b.lent, 10), b.permit.member, 0, time.Now(), time.Now())
 	// It is lost with the spare seats, until it goes back (returnSpare
