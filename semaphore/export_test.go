@@ -41,6 +41,9 @@ func (s *Service) LineBackoff(key string) time.Duration {
 // QuickScriptHash is the SHA1 that calls of quick.lua name, for tests.
 func QuickScriptHash() string { return quickScript.Hash() }
 
+// AcquireScriptHash is the SHA1 that calls of acquire.lua name, for tests.
+func AcquireScriptHash() string { return acquireScript.Hash() }
+
 // LateJoins counts the waits of s for key that waited behind and whose
 // join of the room is on the wire (behind.go), for tests.
 func (s *Service) LateJoins(key string) int {

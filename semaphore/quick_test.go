@@ -70,67 +70,76 @@ func TestIdleKeyCycleTakesTheQuickPath(t *testing.T) {
 	s := newService(t, srv.Client())
 	key := uniqueKey(t)
 	ctx := context.Background()
-	admin := srv.Client()
-	// Every command goes to the slow log, with its arguments.
-	for _, kv := range [][2]string{{"slowlog-log-slower-than", "0"}, {"slowlog-max-len", "10000"}} {
-		if err := admin.ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
 	// A cycle on another key first loads quick.lua, so that no EVALSHA
 	// refused with NOSCRIPT is counted below.
 	warm := mustAcquire(t, s, key+"-warm", 10)
 	if err := warm.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := admin.SlowLogReset(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
 	const cycles = 30
-	for i := range cycles {
-		var p *semaphore.Permit
-		var err error
-		switch i % 3 {
-		case 0:
-			p, err = s.TryAcquire(ctx, key, 10)
-		case 1:
-			p, err = s.Acquire(ctx, key, 10)
-		case 2:
-			var e *semaphore.Entry
-			if e, err = s.Enter(ctx, key, 10, "task-"+strconv.Itoa(i), roomOf(1)); err == nil {
-				p = e.Permit
+	bySHA, plain := storeCalls(t, srv.Client(), func() {
+		for i := range cycles {
+			var p *semaphore.Permit
+			var err error
+			switch i % 3 {
+			case 0:
+				p, err = s.TryAcquire(ctx, key, 10)
+			case 1:
+				p, err = s.Acquire(ctx, key, 10)
+			case 2:
+				var e *semaphore.Entry
+				if e, err = s.Enter(ctx, key, 10, "task-"+strconv.Itoa(i), roomOf(1)); err == nil {
+					p = e.Permit
+				}
+			}
+			if err != nil || p == nil {
+				t.Fatalf("cycle %d on an idle key: %v, %v", i, p, err)
+			}
+			if err := p.Release(ctx); err != nil {
+				t.Fatal(err)
 			}
 		}
-		if err != nil || p == nil {
-			t.Fatalf("cycle %d on an idle key: %v, %v", i, p, err)
-		}
-		if err := p.Release(ctx); err != nil {
+	})
+	if quick := semaphore.QuickScriptHash(); bySHA[quick] != cycles || len(bySHA) != 1 {
+		t.Errorf("script calls by SHA1 %v: want %d of quick.lua (%s) and no other", bySHA, cycles, quick)
+	}
+	if plain["zrem"] != cycles || plain["exists"] != cycles || len(plain) != 2 {
+		t.Errorf("commands outside scripts %v: want %d ZREMs and %d EXISTS and no other", plain, cycles, cycles)
+	}
+}
+
+// storeCalls runs calls (on the caller's goroutine) with every command
+// logged in the slow log of admin's Redis, and returns the script calls
+// they made, by SHA1, and the commands they sent outside scripts, by name
+// (the slow log lists a script's own commands too, without a client's
+// address).
+func storeCalls(t *testing.T, admin *redis.Client, calls func()) (bySHA, plain map[string]int) {
+	t.Helper()
+	ctx := context.Background()
+	for _, kv := range [][2]string{{"slowlog-log-slower-than", "0"}, {"slowlog-max-len", "10000"}} {
+		if err := admin.ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
+	if err := admin.SlowLogReset(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	calls()
 	entries, err := admin.SlowLogGet(ctx, -1).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The slow log lists a script's own commands too, without a client's
-	// address.
-	bySHA, plain := map[string]int{}, map[string]int{}
+	bySHA, plain = map[string]int{}, map[string]int{}
 	for _, e := range entries {
 		switch name := strings.ToLower(e.Args[0]); {
 		case name == "evalsha" && len(e.Args) > 1:
 			bySHA[e.Args[1]]++
+		case name == "slowlog": // the reset above
 		case strings.HasPrefix(e.ClientAddr, "127.0.0.1:"):
 			plain[name]++
 		}
 	}
-	if quick := semaphore.QuickScriptHash(); bySHA[quick] != cycles || len(bySHA) != 1 {
-		t.Errorf("script calls by SHA1 %v: want %d of quick.lua (%s) and no other", bySHA, cycles, quick)
-	}
-	delete(plain, "evalsha")
-	delete(plain, "slowlog") // the reset above
-	if plain["zrem"] != cycles || plain["exists"] != cycles || len(plain) != 2 {
-		t.Errorf("commands outside scripts %v: want %d ZREMs and %d EXISTS and no other", plain, cycles, cycles)
-	}
+	return bySHA, plain
 }
 
 // TestEnterAfterAsideLeavesNoAside: a token that stepped aside (its task
@@ -334,38 +343,23 @@ func TestTakeOfTheLastSeatKeepsTheGiveQuick(t *testing.T) {
 	if err := warm.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := rdb.ConfigResetStat(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	first := mustAcquire(t, s, key, 2, semaphore.WithTTL(time.Minute))
-	last := mustAcquire(t, s, key, 2, semaphore.WithTTL(time.Minute))
-	if p, err := s.TryAcquire(ctx, key, 2); err != nil || p != nil {
-		t.Fatalf("TryAcquire of a full key: %v, %v", p, err)
-	}
-	for _, p := range []*semaphore.Permit{first, last} {
-		if err := p.Release(ctx); err != nil {
-			t.Fatal(err)
+	bySHA, plain := storeCalls(t, rdb, func() {
+		first := mustAcquire(t, s, key, 2, semaphore.WithTTL(time.Minute))
+		last := mustAcquire(t, s, key, 2, semaphore.WithTTL(time.Minute))
+		if p, err := s.TryAcquire(ctx, key, 2); err != nil || p != nil {
+			t.Fatalf("TryAcquire of a full key: %v, %v", p, err)
 		}
-	}
-	stats, err := rdb.Info(ctx, "commandstats").Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Two quick takes and acquire.lua's refusal: three script calls; the
-	// two gives add ZREMs and EXISTS, and no script call.
-	calls := func(cmd string) string {
-		for _, line := range strings.Split(stats, "\n") {
-			if rest, ok := strings.CutPrefix(line, "cmdstat_"+cmd+":calls="); ok {
-				n, _, _ := strings.Cut(rest, ",")
-				return n
+		for _, p := range []*semaphore.Permit{first, last} {
+			if err := p.Release(ctx); err != nil {
+				t.Fatal(err)
 			}
 		}
-		return "0"
+	})
+	quick, acquire := semaphore.QuickScriptHash(), semaphore.AcquireScriptHash()
+	if bySHA[quick] != 2 || bySHA[acquire] != 1 || len(bySHA) != 2 {
+		t.Errorf("script calls by SHA1 %v: want 2 of quick.lua (%s), the takes, and 1 of acquire.lua (%s), the refused take", bySHA, quick, acquire)
 	}
-	if got := calls("evalsha"); got != "3" {
-		t.Errorf("%s script calls for two takes, a refused take and two gives, want 3; commandstats:\n%s", got, stats)
-	}
-	if got := calls("zrem"); got != "2" {
-		t.Errorf("%s ZREMs for two gives, want 2; commandstats:\n%s", got, stats)
+	if plain["zrem"] != 2 || plain["exists"] != 2 || len(plain) != 2 {
+		t.Errorf("commands outside scripts %v: want 2 ZREMs and 2 EXISTS, the gives", plain)
 	}
 }
