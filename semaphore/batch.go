@@ -10,13 +10,14 @@ import (
 )
 
 // Auto-pipelining. The hot script calls (acquire, release, hand-over) and
-// the quick path's plain give (quick.go) of concurrent callers are sent together: a call joins a pending batch, and
-// a few flusher goroutines each take the whole pending batch and send it as
-// one pipeline, so Redis reads and answers many calls per system call and
-// this process writes and reads them with one each. A flusher runs only
-// while calls are pending; with one caller at a time a batch is that one
-// call. Scripts go as EVALSHA; those the server does not know yet
-// (NOSCRIPT) are sent again as EVAL, which also loads them.
+// the quick path's plain give (quick.go) of concurrent callers are sent
+// together: a call joins a pending batch, and a few flusher goroutines
+// each take the whole pending batch and send it as one pipeline, so Redis
+// reads and answers many calls per system call and this process writes
+// and reads them with one each. A flusher runs only while calls are
+// pending; with one caller at a time a batch is that one call. Scripts go
+// as EVALSHA; those the server does not know yet (NOSCRIPT) are sent
+// again as EVAL, which also loads them.
 //
 // Two batches are on the wire at most: calls that come meanwhile wait for
 // one of them and go together in the next. With four at once, S2's worker

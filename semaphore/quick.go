@@ -2,7 +2,6 @@ package semaphore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -144,15 +143,17 @@ func (s *Service) plainGive(p *Permit) (held, done bool, err error) {
 		gone = pipe.ZRem(ctx, p.k.holders, p.member)
 		waiting = pipe.Exists(ctx, p.k.waiting, p.k.parked, p.k.places, p.k.aside)
 	})
-	if err := errors.Join(gone.Err(), waiting.Err()); err != nil {
+	if err := gone.Err(); err != nil {
 		return false, true, err
 	}
 	held = gone.Val() == 1
-	if waiting.Val() == 0 {
+	if waiting.Err() == nil && waiting.Val() == 0 {
 		return held, true, nil
 	}
+	// Somebody waits, or the look failed with the seat back: release.lua
+	// looks again and passes the seat on (p's member is gone).
 	s.busy.Mark(p.key)
-	_, err = s.releaseOnStore(p) // p's member is gone: it only passes the seat on
+	_, err = s.releaseOnStore(p)
 	return held, true, err
 }
 
