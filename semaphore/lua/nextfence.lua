@@ -9,13 +9,14 @@
 -- clock only by grants beyond one a µs).
 local function nextFence(fenceKey, t, ttl)
   -- One command in the common case: the clock is past the last fence.
-  local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local text = string.format('%.0f', floor)
-  local last = tonumber(redis.call('SET', fenceKey, text, 'PX', ttl, 'GET') or '0')
-  if last >= floor then
-    text = string.format('%.0f', last + 1)
+  -- The floor's digits are joined, not formatted: string.format cost a
+  -- quick take a tenth of its Redis time.
+  local us = t[2]
+  local text = t[1] .. string.sub('00000', #us) .. us
+  local last = redis.call('SET', fenceKey, text, 'PX', ttl, 'GET')
+  if last and tonumber(last) >= tonumber(text) then
+    text = string.format('%.0f', tonumber(last) + 1)
     redis.call('SET', fenceKey, text, 'PX', ttl)
   end
   return text
 end
-
