@@ -158,12 +158,13 @@ type Service struct {
 	mu       sync.Mutex           // guards renewing
 	renewing map[*Permit]struct{} // permits with auto-renew on
 
-	waits waitRegistry  // the waiters of this Service, and their keys
-	spare spareSeats    // the spare seats it holds
-	busy  *lately.Marks // keys found with somebody waiting lately (quick.go)
-	full  *lately.Marks // keys whose last seat a quick take took lately (quick.go)
-	told  *lately.Marks // rooms told their settings lately (see roomTold)
-	roomy *lately.Marks // keys whose room held tokens lately: a task stood by or parked (see release)
+	waits waitRegistry        // the waiters of this Service, and their keys
+	spare spareSeats          // the spare seats it holds
+	busy  *lately.Marks       // keys found with somebody waiting lately (quick.go)
+	full  *lately.Marks       // keys whose last seat a quick take took lately (quick.go)
+	told  *lately.Marks       // rooms told their settings lately (see roomTold)
+	names *lately.Notes[keys] // the key names of rooms called lately (keysFor)
+	roomy *lately.Marks       // keys whose room held tokens lately: a task stood by or parked (see release)
 	// letOut keeps the arrivals of the tokens this Service let out of its
 	// keys' rooms lately (by key and token, see letOutKey), for the enter
 	// of a token whose task comes to this process (see Enter)
@@ -232,6 +233,7 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 		busy:        newBusyKeys(),
 		full:        newBusyKeys(),
 		told:        &lately.Marks{For: time.Minute, Max: busyMax},
+		names:       &lately.Notes[keys]{For: time.Minute, Max: busyMax},
 		roomy:       newBusyKeys(),
 		letOut:      &lately.Notes[string]{For: time.Minute, Max: busyMax},
 		early:       &lately.Notes[seatMsg]{For: earlyFor, Max: earlyMax},
@@ -246,28 +248,38 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 // holders (see member). The others are the waiting room (lua/room.lua).
 type keys struct {
 	holders, waiting, slots, procs, parked, places, room, aside, fence, shares, reals, spares string
+	// the KEYS of a roomScript and of quick.lua, built once
+	allKeys, quickKeys []string
 }
 
+// keysFor returns the keys of key's room. Their names are kept for a
+// while (names): building them cost S3's cycle a seventh of its
+// allocations.
 func (s *Service) keysFor(key string) keys {
-	return keysAt(s.prefix + "{" + rediskey.HashTag(key) + "}:")
+	if k, ok := s.names.Get(key); ok {
+		return k
+	}
+	k := keysAt(s.prefix + "{" + rediskey.HashTag(key) + "}:")
+	s.names.Note(key, k)
+	return k
 }
 
 // keysAt are the keys of a room whose names start with base.
 func keysAt(base string) keys {
-	return keys{holders: base + "holders", waiting: base + "waiting", slots: base + "slots", procs: base + "procs",
+	k := keys{holders: base + "holders", waiting: base + "waiting", slots: base + "slots", procs: base + "procs",
 		parked: base + "parked", places: base + "places", room: base + "room", aside: base + "aside", fence: base + "fence",
 		shares: base + "shares", reals: base + "reals", spares: base + "spares"}
+	k.allKeys = []string{k.holders, k.waiting, k.slots, k.procs, k.parked, k.places, k.room, k.aside, k.fence, k.shares, k.reals, k.spares}
+	k.quickKeys = []string{k.holders, k.waiting, k.parked, k.places, k.aside, k.fence, k.spares}
+	return k
 }
 
-// all is the KEYS of a roomScript, in room.lua's order.
-func (k keys) all() []string {
-	return []string{k.holders, k.waiting, k.slots, k.procs, k.parked, k.places, k.room, k.aside, k.fence, k.shares, k.reals, k.spares}
-}
+// all is the KEYS of a roomScript, in room.lua's order. Callers may append
+// to it, not change it.
+func (k keys) all() []string { return k.allKeys[:len(k.allKeys):len(k.allKeys)] }
 
-// quick is the KEYS of quick.lua.
-func (k keys) quick() []string {
-	return []string{k.holders, k.waiting, k.parked, k.places, k.aside, k.fence, k.spares}
-}
+// quick is the KEYS of quick.lua; callers do not change it.
+func (k keys) quick() []string { return k.quickKeys }
 
 // member is a permit's member of the holders ZSET: its id, and its label
 // after a newline when it has one (ids are hex, so the first newline ends
