@@ -158,13 +158,13 @@ type Service struct {
 	mu       sync.Mutex           // guards renewing
 	renewing map[*Permit]struct{} // permits with auto-renew on
 
-	waits waitRegistry        // the waiters of this Service, and their keys
-	spare spareSeats          // the spare seats it holds
-	busy  *lately.Marks       // keys found with somebody waiting lately (quick.go)
-	full  *lately.Marks       // keys whose last seat a quick take took lately (quick.go)
-	told  *lately.Marks       // rooms told their settings lately (see roomTold)
-	names *lately.Notes[keys] // the key names of rooms called lately (keysFor)
-	roomy *lately.Marks       // keys whose room held tokens lately: a task stood by or parked (see release)
+	waits waitRegistry  // the waiters of this Service, and their keys
+	spare spareSeats    // the spare seats it holds
+	busy  *lately.Marks // keys found with somebody waiting lately (quick.go)
+	full  *lately.Marks // keys whose last seat a quick take took lately (quick.go)
+	told  *lately.Marks // rooms told their settings lately (see roomTold)
+	names roomNames     // the key names of the rooms it called (keysFor)
+	roomy *lately.Marks // keys whose room held tokens lately: a task stood by or parked (see release)
 	// letOut keeps the arrivals of the tokens this Service let out of its
 	// keys' rooms lately (by key and token, see letOutKey), for the enter
 	// of a token whose task comes to this process (see Enter)
@@ -233,7 +233,7 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 		busy:        newBusyKeys(),
 		full:        newBusyKeys(),
 		told:        &lately.Marks{For: time.Minute, Max: busyMax},
-		names:       &lately.Notes[keys]{For: time.Minute, Max: busyMax},
+		names:       roomNames{of: map[string]keys{}},
 		roomy:       newBusyKeys(),
 		letOut:      &lately.Notes[string]{For: time.Minute, Max: busyMax},
 		early:       &lately.Notes[seatMsg]{For: earlyFor, Max: earlyMax},
@@ -252,17 +252,31 @@ type keys struct {
 	allKeys, quickKeys []string
 }
 
-// keysFor returns the keys of key's room. Their names are kept for a
-// while (names): building them cost S3's cycle a seventh of its
+// keysFor returns the keys of key's room. Their names are kept
+// (roomNames): building them cost S3's cycle a seventh of its
 // allocations.
 func (s *Service) keysFor(key string) keys {
-	if k, ok := s.names.Get(key); ok {
-		return k
+	s.names.mu.Lock()
+	defer s.names.mu.Unlock()
+	k, ok := s.names.of[key]
+	if !ok {
+		k = keysAt(s.prefix + "{" + rediskey.HashTag(key) + "}:")
+		if len(s.names.of) >= roomNamesMax {
+			clear(s.names.of) // once in roomNamesMax new keys
+		}
+		s.names.of[key] = k
 	}
-	k := keysAt(s.prefix + "{" + rediskey.HashTag(key) + "}:")
-	s.names.Note(key, k)
 	return k
 }
+
+// roomNames are the keys of the rooms a Service called, by key, at most
+// roomNamesMax of them.
+type roomNames struct {
+	mu sync.Mutex
+	of map[string]keys
+}
+
+const roomNamesMax = 4096
 
 // keysAt are the keys of a room whose names start with base.
 func keysAt(base string) keys {

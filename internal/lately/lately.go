@@ -77,19 +77,6 @@ func (m *Notes[V]) Forget(key string) {
 	delete(m.at, key)
 }
 
-// Get returns key's value, when it was noted within For, and keeps its
-// note.
-func (m *Notes[V]) Get(key string) (V, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	n, ok := m.at[key]
-	if !ok || time.Since(n.at) > m.For {
-		var zero V
-		return zero, false
-	}
-	return n.v, true
-}
-
 // Within reports whether key was noted within d, and within For.
 func (m *Notes[V]) Within(key string, d time.Duration) bool {
 	m.mu.Lock()
