@@ -274,15 +274,18 @@ func TestQuickGiveOfALiveLeaseAsksNoClock(t *testing.T) {
 // Release returns, not at the waiter's next recheck. A lease surely live
 // goes back with plain commands, which find the waiter once the seat is
 // back; one past half its TTL asks quick.lua, which finds the waiter
-// first and leaves the seat to release.lua.
+// first and leaves the seat to release.lua. The slow log says which way
+// each give went.
 func TestQuickGivePassesTheSeatOnToAWaiter(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		ttl  time.Duration
 		age  time.Duration // how long the seat is held before its Release
+		// the give's calls of quick.lua, and its ZREMs outside scripts
+		quickCalls, plainZREMs int
 	}{
-		{"surely live", time.Minute, 0},
-		{"past half its TTL", 2 * time.Second, 1100 * time.Millisecond},
+		{"surely live", time.Minute, 0, 0, 1},
+		{"past half its TTL", 2 * time.Second, 1100 * time.Millisecond, 1, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := redistest.Start(t)
@@ -300,8 +303,13 @@ func TestQuickGivePassesTheSeatOnToAWaiter(t *testing.T) {
 			waitfor.Condition(t, 5*time.Second, "the waiter's recheck is far off, and the seat as old as the case says", func() bool {
 				return waiter.LineBackoff(key) >= 400*time.Millisecond && time.Since(taken) >= tc.age
 			})
-			if err := given.Release(ctx); err != nil {
-				t.Fatal(err)
+			var released error
+			bySHA, plain := storeCalls(t, rdb, func() { released = given.Release(ctx) })
+			if released != nil {
+				t.Fatal(released)
+			}
+			if quick := bySHA[semaphore.QuickScriptHash()]; quick != tc.quickCalls || plain["zrem"] != tc.plainZREMs {
+				t.Errorf("the give called quick.lua %d times and ZREM %d outside scripts; want %d and %d", quick, plain["zrem"], tc.quickCalls, tc.plainZREMs)
 			}
 			seats, err := rdb.ZRange(ctx, storeKey(key, "holders"), 0, -1).Result()
 			if err != nil {
