@@ -434,7 +434,12 @@ func releaseToT2InMemory(t *testing.T, s *semaphore.Service, p1 *semaphore.Permi
 	if err := p1.Release(context.Background()); err != nil {
 		t.Fatalf("t1's release: %v", err)
 	}
-	p2 := <-seat2
+	var p2 *semaphore.Permit
+	select {
+	case p2 = <-seat2:
+	case <-time.After(5 * time.Second):
+		t.Fatal("t2 got no seat within 5s of t1's release")
+	}
 	if p2 == nil {
 		t.FailNow()
 	}
