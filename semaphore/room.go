@@ -225,14 +225,11 @@ func (s *Service) Enter(ctx context.Context, key string, permits int, token stri
 			s.roomy.Mark(key)
 			return nil, 1, errStandingBy
 		}
-		// A seat lent in memory needs no key names of its own (they are
-		// the spare seats'): they are made only for the store.
-		req := request{key: key, capacity: permits, cfg: cfg, started: time.Now()}
+		req := s.newRequest(key, permits, cfg)
 		if p := s.lendSpare(req); p != nil {
 			e.Permit, _, err = s.keepUnlessClosed(p, 1)
 			return e.Permit, 1, err
 		}
-		req.k = s.keysFor(key)
 		want := s.spareWant(req)
 		if want == 0 {
 			if p, done, err := s.quickTake(req, true); done {

@@ -117,7 +117,6 @@ func (s *Service) lendSpare(req request) *Permit {
 		b.idle = nil
 	}
 	b.lent++
-	req.k = b.permit.k
 	// Its id: the spare seats' and a count (no random bytes to read).
 	p := s.newPermit(req, b.permit.id+"."+strconv.FormatUint(b.lent, 10), b.permit.member, 0, time.Now(), time.Now())
 	// It is lost with the spare seats, until it goes back (returnSpare
