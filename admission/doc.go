@@ -31,8 +31,8 @@
 //     (the seat's ZREM, then whether anybody waits; when the lease has
 //     less than half its TTL to run, quick.lua with the clock and the
 //     lease's expiry instead: 5 or 6), also once a take took the key's
-//     last seat (semaphore/quick.go). Measured: 9 commands a cycle, 16
-//     to 22 µs of Redis CPU (S3); 27.5 commands a task in all for S6's
+//     last seat (semaphore/quick.go). Measured: 9 commands a cycle, 15
+//     to 23 µs of Redis CPU (S3); 27.5 commands a task in all for S6's
 //     tenants' caps of 2. On a key with waiters, a seat given back
 //     while the process's own waiter is first in line goes to it in
 //     memory and moves with one call of handover.lua

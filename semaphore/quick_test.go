@@ -298,7 +298,11 @@ func TestQuickGivePassesTheSeatOnToAWaiter(t *testing.T) {
 			given := mustAcquire(t, giver, key, 2, semaphore.WithTTL(tc.ttl))
 			taken := time.Now()
 			kept := mustAcquire(t, other, key, 2, semaphore.WithTTL(time.Minute))
-			defer kept.Release(ctx)
+			t.Cleanup(func() {
+				if err := kept.Release(ctx); err != nil {
+					t.Error(err)
+				}
+			})
 			got := acquireInLineOf(t, waiter, key, 2)
 			waitfor.Condition(t, 5*time.Second, "the waiter's recheck is far off, and the seat as old as the case says", func() bool {
 				return waiter.LineBackoff(key) >= 400*time.Millisecond && time.Since(taken) >= tc.age
