@@ -248,7 +248,7 @@ func New(rdb redis.UniversalClient, opts Options) (*Service, error) {
 // holders (see member). The others are the waiting room (lua/room.lua).
 type keys struct {
 	holders, waiting, slots, procs, parked, places, room, aside, fence, shares, reals, spares string
-	// the KEYS of a roomScript and of quick.lua, built once
+	// the KEYS of a roomScript and (keysFor) of quick.lua, built once
 	allKeys, quickKeys []string
 }
 
@@ -261,6 +261,7 @@ func (s *Service) keysFor(key string) keys {
 	k, ok := s.names.of[key]
 	if !ok {
 		k = keysAt(s.prefix + "{" + rediskey.HashTag(key) + "}:")
+		k.quickKeys = []string{k.holders, k.waiting, k.parked, k.places, k.aside, k.fence, k.spares}
 		if len(s.names.of) >= roomNamesMax {
 			clear(s.names.of) // once in roomNamesMax new keys
 		}
@@ -284,7 +285,6 @@ func keysAt(base string) keys {
 		parked: base + "parked", places: base + "places", room: base + "room", aside: base + "aside", fence: base + "fence",
 		shares: base + "shares", reals: base + "reals", spares: base + "spares"}
 	k.allKeys = []string{k.holders, k.waiting, k.slots, k.procs, k.parked, k.places, k.room, k.aside, k.fence, k.shares, k.reals, k.spares}
-	k.quickKeys = []string{k.holders, k.waiting, k.parked, k.places, k.aside, k.fence, k.spares}
 	return k
 }
 
@@ -292,7 +292,8 @@ func keysAt(base string) keys {
 // to it, not change it.
 func (k keys) all() []string { return k.allKeys[:len(k.allKeys):len(k.allKeys)] }
 
-// quick is the KEYS of quick.lua; callers do not change it.
+// quick is the KEYS of quick.lua (of keys from keysFor: a paced room has
+// no quick path); callers do not change it.
 func (k keys) quick() []string { return k.quickKeys }
 
 // member is a permit's member of the holders ZSET: its id, and its label
