@@ -221,8 +221,9 @@ func (*slotCounter) Requeued(string, string, string) {}
 func (*slotCounter) LeaseLost(string, string)        {}
 
 // startScript counts a probe in: first start, in-flight counts and their
-// peaks (overall, per task type, and per tenant when ARGV[2] is set). One round trip, so
-// that counting adds little to the time a seat is held.
+// peaks (overall, per task type, and per tenant when ARGV[2] is set). One
+// round trip, made while the probe works, so that counting adds little to
+// the time a seat is held.
 //
 // KEYS[1] the prefix
 // ARGV[1] Unix ms now; ARGV[2] tenant or empty; ARGV[3] pid; ARGV[4] task type
@@ -307,15 +308,21 @@ func (c *counter) count(ctx context.Context, taskType string, p probe.Payload) e
 	if p.EnqueuedUS > 0 {
 		pickup = strconv.FormatInt(start.UnixMicro()-p.EnqueuedUS, 10)
 	}
-	if err := startScript.Run(bg, c.rdb, keys, start.UnixMilli(), p.Tenant, c.pid, taskType, pickup, start.UnixMicro()).Err(); err != nil {
-		return err
-	}
+	// The count-in overlaps the work: its reply is awaited before the
+	// count-out is sent, so both land while the seat is held.
+	countedIn := make(chan error, 1)
+	go func() {
+		countedIn <- startScript.Run(bg, c.rdb, keys, start.UnixMilli(), p.Tenant, c.pid, taskType, pickup, start.UnixMicro()).Err()
+	}()
 	work := time.Duration(p.MS) * time.Millisecond
 	var runErr error
 	select {
 	case <-time.After(work):
 	case <-ctx.Done():
 		runErr = ctx.Err()
+	}
+	if err := <-countedIn; err != nil {
+		return err
 	}
 	if runErr == nil && p.Fail {
 		if retried, _ := asynq.GetRetryCount(ctx); retried == 0 {
@@ -326,7 +333,7 @@ func (c *counter) count(ctx context.Context, taskType string, p probe.Payload) e
 	if runErr == nil {
 		finished = "1"
 	}
-	// What the probe itself adds to the seat's time: counting in, the
+	// What the probe itself adds to the seat's time: a count-in slower than the work, the
 	// timer's overshoot, and (reported by the next probe) counting out.
 	ended := time.Now()
 	overhead := ended.Sub(start) - work + time.Duration(c.countOut.Swap(0))*time.Microsecond
