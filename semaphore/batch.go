@@ -19,14 +19,17 @@ import (
 // as EVALSHA; those the server does not know yet (NOSCRIPT) are sent
 // again as EVAL, which also loads them.
 //
-// Two batches are on the wire at most: calls that come meanwhile wait for
-// one of them and go together in the next. With four at once, S2's worker
-// sent 1.1 calls per pipeline and spent its CPU on system calls. With one,
-// it sent 2.4, but S3's fifty uncontended callers waited a whole round
-// trip for every batch: two gave them 29,000-35,000 cycles/s against
-// 22,000-27,000 with one (three runs each, alternating), at no cost in S2
-// that the noise of this machine shows (4,174 capped tasks/s against
-// 4,250).
+// Three batches are on the wire at most: calls that come meanwhile wait
+// for one of them and go together in the next. With four at once, S2's
+// worker sent 1.1 calls per pipeline and spent its CPU on system calls.
+// With one, it sent 2.4, but S3's fifty uncontended callers waited a whole
+// round trip for every batch: two gave them 29,000-35,000 cycles/s against
+// 22,000-27,000 with one (three runs each, alternating). Three against two
+// (2026-12-08, alternating): S3 more cycles in 10 of 12 rounds (median
+// +11%, from -22% to +32%), and S2 more capped tasks/s in 4 of 4 (4,892 to
+// 5,480 against 4,574 to 5,418; capped/bare 0.973 to 1.064 against 0.871
+// to 0.969): with Redis about three quarters busy, a call less often waits
+// a round trip for a flusher.
 //
 // go-redis 9.23's own auto-pipeliner (Client.AutoPipeline, experimental)
 // did worse in S3, each call sent through it from its goroutine: 23,082
@@ -35,7 +38,7 @@ import (
 // alternating, 2026-12-07).
 
 const (
-	maxFlushers = 2   // batches on the wire at once
+	maxFlushers = 3   // batches on the wire at once
 	maxBatch    = 128 // calls in one pipeline
 )
 
