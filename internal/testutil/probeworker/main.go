@@ -333,8 +333,9 @@ func (c *counter) count(ctx context.Context, taskType string, p probe.Payload) e
 	if runErr == nil {
 		finished = "1"
 	}
-	// What the probe itself adds to the seat's time: a count-in slower than the work, the
-	// timer's overshoot, and (reported by the next probe) counting out.
+	// What the probe itself adds to the seat's time: a count-in slower
+	// than the work, the timer's overshoot, and (reported by the next
+	// probe) counting out.
 	ended := time.Now()
 	overhead := ended.Sub(start) - work + time.Duration(c.countOut.Swap(0))*time.Microsecond
 	if err := endScript.Run(bg, c.rdb, keys, ended.UnixMilli(), p.Tenant, finished, id, c.pid, overhead.Microseconds(), taskType).Err(); err != nil {
