@@ -360,9 +360,10 @@ func runS1(ctx context.Context, env *benchEnv) error {
 }
 
 // probeFields are the probe's own share of a seat's time: the mean time a
-// probe held its seat beyond its dur ms (counting itself in and out, and
-// its timer's overshoot), and the utilization that leaves even if seats
-// passed from one task to the next at no cost (dur / (dur + overhead)).
+// probe held its seat beyond its dur ms (a count-in slower than its work,
+// its count-out and its timer's overshoot), and the utilization that
+// leaves even if seats passed from one task to the next at no cost
+// (dur / (dur + overhead)).
 func probeFields(ctx context.Context, r *fleetRun, dur int) (map[string]any, error) {
 	over, err := r.counters.ProbeOverhead(ctx)
 	if err != nil {

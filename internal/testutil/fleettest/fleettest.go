@@ -196,8 +196,8 @@ func (c *Counters) IsDone(ctx context.Context, id string) (bool, error) {
 func (c *Counters) Runs(ctx context.Context) (int, error) { return c.int(ctx, "runs") }
 
 // ProbeOverhead is how long, on average, a finished probe held its seat
-// beyond its payload's ms: its own counting in and out and its timer's
-// overshoot. Zero when none finished.
+// beyond its payload's ms: a count-in slower than its work, its count-out
+// and its timer's overshoot. Zero when none finished.
 func (c *Counters) ProbeOverhead(ctx context.Context) (time.Duration, error) {
 	m, err := c.rdb.HGetAll(ctx, c.p+"overhead").Result()
 	if err != nil {
